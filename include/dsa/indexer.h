@@ -1,0 +1,99 @@
+// The lightning indexer (SPEC §3): preparation of q and k, and the FP8 logits.
+#pragma once
+#include <cstdint>
+
+#include "dsa/cache.h"
+#include "dsa/geometry.h"
+#include "dsa/status.h"
+#include "dsa/types.h"
+
+namespace dsa {
+
+// Per-group FP8 quantisation (SPEC §3.3): each run of `group` values along the last dim gets
+// s = ue8m0_scale(amax) and x8 = e4m3(clamp(x / s, ±448)). Inputs are rounded to BF16 first.
+struct QuantizeFp8Params {
+  TensorDesc x;      // [R, D] f32 or bf16, last dim contiguous; D % group == 0
+  TensorDesc out;    // [R, D] e4m3
+  TensorDesc scale;  // [R, D / group] f32
+  int64_t group = 128;
+  void* stream = nullptr;
+};
+Status quantize_fp8(const QuantizeFp8Params& p);
+
+// RoPE tables: cos_sin [max_positions, 64] f32 = [cos 32 | sin 32] per position (the
+// convention of vLLM's cos_sin_cache); the model's own frequencies (YaRN and all) live there.
+// Pair i (i < 32) of a 64-dim rope part rotates by (cos[i], sin[i]).
+
+// Indexer queries: RoPE on dims 0..63 → optional Hadamard-128 → BF16 → FP8 with one scale per
+// (token, head); the scale is folded into the gate:
+//   weights_out[t, h] = fl(weights[t, h] * c) * s_q[t, h],  c = fl(1 / sqrt(128 * H_idx)).
+struct PrepareIndexerQParams {
+  TensorDesc q;            // [T, H_idx, 128] f32 or bf16, last dim contiguous
+  TensorDesc weights;      // [T, H_idx] f32 or bf16: the per-head gate w
+  TensorDesc positions;    // [T] i32
+  TensorDesc cos_sin;      // [max_positions, 64] f32
+  RopeStyle rope = RopeStyle::kHalfSplit;
+  bool hadamard = false;
+  TensorDesc q_out;        // [T, H_idx, 128] e4m3
+  TensorDesc weights_out;  // [T, H_idx] f32: the folded gate w'
+  TensorDesc q_scale;      // optional [T, H_idx] f32: s_q (already folded into weights_out)
+  void* stream = nullptr;
+};
+Status prepare_indexer_q(const PrepareIndexerQParams& p);
+
+// Indexer keys (after the model's LayerNorm): RoPE → optional Hadamard → BF16 → FP8, one
+// scale per token. Feed the result to write_indexer_cache.
+struct PrepareIndexerKParams {
+  TensorDesc k;          // [T, 128] f32 or bf16, last dim contiguous
+  TensorDesc positions;  // [T] i32
+  TensorDesc cos_sin;    // [max_positions, 64] f32
+  RopeStyle rope = RopeStyle::kHalfSplit;
+  bool hadamard = false;
+  TensorDesc k_out;      // [T, 128] e4m3
+  TensorDesc k_scale;    // [T] f32
+  void* stream = nullptr;
+};
+Status prepare_indexer_k(const PrepareIndexerKParams& p);
+
+// Ragged prefill logits (SPEC §3.4) against a flat key buffer:
+//   logits[i, c] = Σ_h weights[i, h] · relu(q[i, h] · k[j]) · k_scale[j],  j = ks[i] + col_offset + c
+// for j < ke[i]; columns with j >= ke[i] hold -inf. Rows index keys [ks[i], ke[i]) of k, so a
+// row of a sequence whose keys start at kv_start sees request-local column j - kv_start when
+// ks[i] = kv_start. col_offset (>= 0) lets a caller compute one tile of columns at a time.
+// Dot products accumulate in f32.
+struct IndexerLogitsParams {
+  TensorDesc q;        // [M, H_idx, 128] e4m3, last dim contiguous
+  TensorDesc weights;  // [M, H_idx] f32 (folded gates w')
+  TensorDesc k;        // [N, 128] e4m3, last dim contiguous
+  TensorDesc k_scale;  // [N] f32
+  TensorDesc ks;       // [M] i32, 0 <= ks[i] <= ke[i] <= N
+  TensorDesc ke;       // [M] i32
+  int64_t col_offset = 0;
+  TensorDesc logits;   // [M, W] f32, last dim contiguous
+  void* stream = nullptr;
+};
+Status indexer_logits(const IndexerLogitsParams& p);
+
+// Paged logits against the indexer K cache, for decode rows (next_n >= 1 tokens per sequence)
+// and, through row_seq / row_len, for any rows (chunked prefill over a cached prefix).
+//   Decode form: row r = b * next_n + i of sequence b sees keys j < L = kv_lens[b] - next_n + i + 1.
+//   General form (row_seq and row_len given): row r belongs to sequence row_seq[r] and sees
+//   keys j < row_len[r]; kv_lens and next_n are then unused.
+// Key j of sequence b sits at slot block_table[b][j / page] * page + j % page.
+// logits[r, c] = score of key j = col_offset + c; columns with j >= L hold -inf.
+struct IndexerLogitsPagedParams {
+  TensorDesc q;            // [R, H_idx, 128] e4m3
+  TensorDesc weights;      // [R, H_idx] f32
+  IndexerCacheDesc cache;
+  TensorDesc block_table;  // [B, max_blocks] i32
+  TensorDesc kv_lens;      // [B] i32: tokens in the cache after this step (decode form)
+  int64_t next_n = 1;      // decode form: R == B * next_n
+  TensorDesc row_seq;      // optional [R] i32 (general form)
+  TensorDesc row_len;      // optional [R] i32 (general form)
+  int64_t col_offset = 0;
+  TensorDesc logits;       // [R, W] f32, last dim contiguous
+  void* stream = nullptr;
+};
+Status indexer_logits_paged(const IndexerLogitsPagedParams& p);
+
+}  // namespace dsa

@@ -1,0 +1,31 @@
+// The CPU backend's entry points (tier 1: arguments are already validated by src/core; each
+// returns only a code). One implementation file per op family in src/cpu/.
+#pragma once
+#include "dsa/attention.h"
+#include "dsa/cache.h"
+#include "dsa/indexer.h"
+#include "dsa/topk.h"
+
+namespace dsa {
+namespace cpu {
+
+// indexer_prep.cpp
+StatusCode quantize_fp8(const QuantizeFp8Params& p);
+StatusCode prepare_indexer_q(const PrepareIndexerQParams& p);
+StatusCode prepare_indexer_k(const PrepareIndexerKParams& p);
+// cache_write.cpp
+StatusCode write_indexer_cache(const WriteIndexerCacheParams& p);
+StatusCode write_mla_cache(const WriteMlaCacheParams& p);
+StatusCode read_mla_cache(const ReadMlaCacheParams& p);
+// indexer_logits.cpp
+StatusCode indexer_logits(const IndexerLogitsParams& p);
+StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p);
+// topk.cpp
+StatusCode topk(const TopkParams& p);
+StatusCode map_indices(const MapIndicesParams& p);
+// mla_attention.cpp
+StatusCode sparse_mla(const SparseMlaParams& p);
+StatusCode dense_mla(const DenseMlaParams& p);
+
+}  // namespace cpu
+}  // namespace dsa

@@ -1,0 +1,37 @@
+// The CUDA backend's entry points (tier 1: arguments are already validated by src/core; each
+// launches on p.stream, never synchronises the host, never allocates, and returns a code).
+// Compiled only with -DDSA_CUDA=ON (DSA_WITH_CUDA defined). One launcher file per op family
+// in src/cuda/, kernel bodies in *_kernels.cuh beside it.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "dsa/attention.h"
+#include "dsa/cache.h"
+#include "dsa/indexer.h"
+#include "dsa/runtime.h"
+#include "dsa/topk.h"
+
+namespace dsa {
+namespace gpu {
+
+std::vector<DeviceInfo> list_devices();  // empty without a driver or device; never throws
+
+StatusCode quantize_fp8(const QuantizeFp8Params& p);
+StatusCode prepare_indexer_q(const PrepareIndexerQParams& p);
+StatusCode prepare_indexer_k(const PrepareIndexerKParams& p);
+StatusCode write_indexer_cache(const WriteIndexerCacheParams& p);
+StatusCode write_mla_cache(const WriteMlaCacheParams& p);
+StatusCode read_mla_cache(const ReadMlaCacheParams& p);
+StatusCode indexer_logits(const IndexerLogitsParams& p);
+StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p);
+size_t topk_workspace_size(const TopkParams& p);
+StatusCode topk(const TopkParams& p);
+StatusCode map_indices(const MapIndicesParams& p);
+size_t sparse_mla_workspace_size(const SparseMlaParams& p);
+StatusCode sparse_mla(const SparseMlaParams& p);
+size_t dense_mla_workspace_size(const DenseMlaParams& p);
+StatusCode dense_mla(const DenseMlaParams& p);
+
+}  // namespace gpu
+}  // namespace dsa

@@ -1,0 +1,90 @@
+// Core types, status messages, geometry presets and argument checking.
+#include <gtest/gtest.h>
+
+#include "core/validate.h"
+#include "test_util.h"
+
+using namespace dsa;
+
+TEST(Core, VersionAndBackends) {
+  EXPECT_STREQ(version(), "0.1.0");
+  auto b = compiled_backends();
+  ASSERT_FALSE(b.empty());
+  EXPECT_EQ(b[0], "cpu");
+  auto devs = list_devices();
+  ASSERT_FALSE(devs.empty());
+  EXPECT_EQ(devs[0].device.type, DeviceType::kCPU);
+}
+
+TEST(Core, PresetsMatchSpecTable) {
+  ModelGeometry g;
+  DSA_ASSERT_OK(geometry_preset("deepseek-v3.2", &g));
+  EXPECT_EQ(g.num_heads, 128);
+  EXPECT_EQ(g.index_heads, 64);
+  EXPECT_EQ(g.index_rope, RopeStyle::kHalfSplit);
+  EXPECT_EQ(g.num_layers, 61);
+  EXPECT_EQ(g.max_positions, 163840);
+  EXPECT_NEAR(g.sm_scale, 0.13523, 5e-5);
+  EXPECT_EQ(g.num_indexer_cache_layers(), 61);
+  DSA_ASSERT_OK(geometry_preset("glm-5", &g));
+  EXPECT_EQ(g.num_heads, 64);
+  EXPECT_EQ(g.index_heads, 32);
+  EXPECT_EQ(g.index_rope, RopeStyle::kInterleaved);
+  EXPECT_EQ(g.v_head_dim, 256);
+  EXPECT_EQ(g.max_positions, 202752);
+  EXPECT_EQ(g.layer_role(5), IndexerRole::kFull);
+  EXPECT_EQ(g.layer_role(78), IndexerRole::kMtp);
+  DSA_ASSERT_OK(geometry_preset("glm-5.2", &g));
+  EXPECT_EQ(g.max_positions, 1048576);
+  // full iff max(i - 3 + 1, 0) % 4 == 0: layers 0, 1, 2 (clamped to 0), 6, 10, ...
+  EXPECT_EQ(g.layer_role(0), IndexerRole::kFull);
+  EXPECT_EQ(g.layer_role(2), IndexerRole::kFull);
+  EXPECT_EQ(g.layer_role(3), IndexerRole::kShared);
+  EXPECT_EQ(g.layer_role(5), IndexerRole::kShared);
+  EXPECT_EQ(g.layer_role(6), IndexerRole::kFull);
+  EXPECT_EQ(g.layer_role(10), IndexerRole::kFull);
+  int full = 0;
+  for (int i = 0; i < 78; ++i) full += (std::max(i - 2, 0) % 4 == 0);
+  EXPECT_EQ(g.num_indexer_cache_layers(), full);
+  EXPECT_TRUE(dsa_test::fails_naming(geometry_preset("llama", &g), {"preset", "llama", "glm-5"}));
+}
+
+TEST(Core, ArgCheckNamesArgumentAndExpectation) {
+  float buf[12];
+  TensorDesc t = make_tensor(buf, DType::kF32, {3, 4});
+  core::ArgCheck ok("op");
+  ok.tensor(t, "x", {DType::kF32}, {3, 4});
+  EXPECT_TRUE(ok.ok());
+
+  core::ArgCheck bad_dtype("op");
+  bad_dtype.tensor(t, "x", {DType::kBF16}, {3, 4});
+  EXPECT_TRUE(dsa_test::fails_naming(bad_dtype.status(), {"op", "x", "bf16", "f32"}));
+
+  core::ArgCheck bad_shape("op");
+  bad_shape.tensor(t, "x", {DType::kF32}, {{3, "M"}, {128, "D"}});
+  EXPECT_TRUE(dsa_test::fails_naming(bad_shape.status(), {"x", "[M, D]", "[3, 128]", "[3, 4]"}));
+
+  TensorDesc strided = t;
+  strided.stride[1] = 2;
+  core::ArgCheck bad_stride("op");
+  bad_stride.tensor(strided, "x", {DType::kF32}, {3, 4});
+  EXPECT_TRUE(dsa_test::fails_naming(bad_stride.status(), {"x", "contiguous"}));
+
+  core::ArgCheck missing("op");
+  missing.tensor(TensorDesc{}, "lengths", {DType::kI32}, {{-1, "M"}});
+  EXPECT_TRUE(dsa_test::fails_naming(missing.status(), {"lengths", "required"}));
+}
+
+TEST(Core, DevicesMustAgreeAndBackendMustExist) {
+  float a[4], b[4];
+  TensorDesc x = make_tensor(a, DType::kF32, {4});
+  TensorDesc y = make_tensor(b, DType::kF32, {4}, cuda_device(0));
+  Device d;
+  Status st = core::pick_device("op", {&x, &y}, &d);
+  EXPECT_TRUE(dsa_test::fails_naming(st, {"op", "cpu", "cuda:0"}));
+  TensorDesc z = y;
+  st = core::pick_device("op", {&z}, &d);
+  bool has_cuda = false;
+  for (auto& n : compiled_backends()) has_cuda |= n == "cuda";
+  if (!has_cuda) EXPECT_TRUE(dsa_test::fails_naming(st, {"op", "cuda:0", "cpu backend"}));
+}
