@@ -1,0 +1,22 @@
+// Backend dispatch: the device the tensors live on picks the implementation.
+#pragma once
+#include "core/validate.h"
+#include "cpu/cpu_ops.h"
+#if defined(DSA_WITH_CUDA)
+#include "cuda/cuda_ops.h"
+#endif
+
+namespace dsa {
+namespace core {
+
+// DSA_DISPATCH(device, fn, params): cpu::fn(params) or gpu::fn(params) as a StatusCode.
+#if defined(DSA_WITH_CUDA)
+#define DSA_DISPATCH(device, fn, params) \
+  ((device).type == ::dsa::DeviceType::kCUDA ? ::dsa::gpu::fn(params) : ::dsa::cpu::fn(params))
+#else
+#define DSA_DISPATCH(device, fn, params) \
+  ((device).type == ::dsa::DeviceType::kCUDA ? ::dsa::StatusCode::kUnsupported : ::dsa::cpu::fn(params))
+#endif
+
+}  // namespace core
+}  // namespace dsa
