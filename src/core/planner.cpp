@@ -289,6 +289,7 @@ std::string format_byte_size(int64_t bytes) {
     size_t sp = s.find(' ');
     size_t e = sp;
     while (e > dot + 1 && s[e - 1] == '0') --e;
+    if (e == dot + 1) e = dot;  // "13.00" -> "13"
     s.erase(e, sp - e);
   }
   return s;
