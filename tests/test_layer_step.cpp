@@ -373,7 +373,9 @@ void expect_identical(const Result& a, const Result& b, const std::string& what,
   ASSERT_TRUE(b.status.ok()) << what << ": " << b.status.to_string();
   EXPECT_TRUE(same_bits(a.out, b.out)) << what << ": out differs";
   EXPECT_TRUE(same_bits(a.lse, b.lse)) << what << ": lse differs";
-  if (indices) EXPECT_EQ(a.indices, b.indices) << what << ": indices differ";
+  if (indices) {
+    EXPECT_EQ(a.indices, b.indices) << what << ": indices differ";
+  }
   EXPECT_EQ(a.mla, b.mla) << what << ": MLA cache differs";
   EXPECT_EQ(a.idx, b.idx) << what << ": indexer cache differs";
 }
@@ -609,12 +611,16 @@ TEST(LayerStep, OutputsMatchFloat64Oracle) {
     for (int64_t c = 0; c < K; ++c) {
       ASSERT_GE(sel[c], 0);
       ASSERT_LT(sel[c], L);
-      if (c > 0) ASSERT_GT(sel[c], sel[c - 1]) << "ascending";
+      if (c > 0) {
+        ASSERT_GT(sel[c], sel[c - 1]) << "ascending";
+      }
       chosen[sel[c]] = 1;
       EXPECT_GE(row[sel[c]], kth - tol) << "row " << t;
     }
     for (int64_t j = 0; j < L; ++j)
-      if (!chosen[j]) EXPECT_LE(row[j], kth + tol) << "row " << t << " key " << j;
+      if (!chosen[j]) {
+        EXPECT_LE(row[j], kth + tol) << "row " << t << " key " << j;
+      }
   }
   // Attention: the oracle over the decoded cache with the step's selection.
   auto keys = oracle::decode_mla_cache(r.mla.data(), false, w.num_blocks, w.page, 0);

@@ -93,7 +93,9 @@ TEST(Planner, RowsPerChunkUnderTheBudgetWithPadding) {
     const int64_t r = p.rows_per_chunk(L);
     ASSERT_GT(r, 0) << L;
     EXPECT_LE(p.chunk_bytes(r, L), p.score_region_bytes) << L;
-    if (r < p.max_rows) EXPECT_GT(p.chunk_bytes(r + 1, L), p.score_region_bytes) << L;
+    if (r < p.max_rows) {
+      EXPECT_GT(p.chunk_bytes(r + 1, L), p.score_region_bytes) << L;
+    }
     // The score rows are padded to 64 floats and the padding is counted.
     const int64_t stride = (L + 63) / 64 * 64;
     EXPECT_EQ(p.chunk_bytes(r, L), A(r * stride * 4) + 2 * A(r * 64 * 4)) << L;
