@@ -496,12 +496,40 @@ TEST(LayerStep, RoutingTable) {
     EXPECT_EQ(s.report.seqs[static_cast<int>(Route::kSparseShared)], small ? 0 : 1) << c.name;
     // The identity a dense full layer hands on is what scoring selects (MTP scored it).
     EXPECT_EQ(f.indices, m.indices) << c.name;
+    // A full layer whose indices feed a consumer may be told to score every sequence.
+    RunOpts forced;
+    forced.force_score = true;
+    Result fs = run_step(w, forced);
+    ASSERT_TRUE(fs.status.ok()) << c.name;
+    EXPECT_EQ(fs.report.seqs[static_cast<int>(Route::kSparseScored)], 1) << c.name;
+    expect_identical(fs, m, c.name);
     // Dense and sparse agree on kv <= topk (same keys, same order).
     if (small) {
       for (size_t i = 0; i < f.out.size(); ++i)
         ASSERT_NEAR(f.out[i], m.out[i], 1e-5f * (1.f + std::fabs(m.out[i]))) << c.name << " at " << i;
     }
   }
+}
+
+TEST(LayerStep, ContextShorterThanTopkHandsOnTheIdentity) {
+  // max_context < topk: every sequence is dense; the identity fill fits the plan's region.
+  World w(tiny_geometry(128), {{5, 20}, {3, 3}, {1, 9}}, 16, 10);
+  RunOpts o;
+  Result r = run_step(w, o);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.report.seqs[static_cast<int>(Route::kDense)], 3);
+  Result ref = direct_pipeline(w, IndexerRole::kFull, nullptr, false);
+  ref.status = Status::Ok();
+  expect_identical(r, ref, "short contexts");
+  o.budget = min_budget(w);
+  expect_identical(r, run_step(w, o), "short contexts, minimum budget");
+  // One decode row: the plan's whole-step chunk is narrower than a topk-wide row.
+  World one(tiny_geometry(128), {{1, 20}}, 16, 11);
+  RunOpts d;
+  Result a = run_step(one, d);
+  Result b = direct_pipeline(one, IndexerRole::kFull, nullptr, false);
+  b.status = Status::Ok();
+  expect_identical(a, b, "one decode row");
 }
 
 TEST(LayerStep, IndexerCacheWrittenOncePerTokenOnEveryRoute) {

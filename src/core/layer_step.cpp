@@ -375,15 +375,17 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     if (!s.ok() || !p.indices_out.present()) return s;
     // A consumer of this layer's indices gets the exact selection 0..L-1: top-k of a row with
     // L <= topk reads no score, so it fills the identity through the ordinary op.
-    const int64_t per = max_rows_fitting([&](int64_t r) { return plan_.chunk_bytes(r, K); });
+    // Identity rows have L <= min(topk, max_context) keys: no wider than a scored chunk's rows.
+    const int64_t id_width = std::min<int64_t>(K, cfg.max_context);
+    const int64_t per = max_rows_fitting([&](int64_t r) { return plan_.chunk_bytes(r, id_width); });
     for (int64_t r0 = run.r0; r0 < run.r1 && s.ok(); r0 += per) {
       const int64_t m = std::min(per, run.r1 - r0);
       score_arena = fresh_score_arena();
       core::ChunkLayout cl;
-      if (!core::layout_chunk(score_arena, dev, m, K, K, &cl)) return internal("identity chunk does not fit the score region");
+      if (!core::layout_chunk(score_arena, dev, m, id_width, K, &cl)) return internal("identity chunk does not fit the score region");
       const auto ts = Clock::now();
       TopkParams tp;
-      tp.logits = dev_tensor(cl.scores, DType::kF32, {m, K}, dev);
+      tp.logits = dev_tensor(cl.scores, DType::kF32, {m, id_width}, dev);
       tp.logits.stride[0] = cl.stride;
       tp.lengths = rows(row_len, r0, m);
       tp.k = K;

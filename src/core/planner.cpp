@@ -137,8 +137,8 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
     min_region = std::min(min_region, need);
     if (best_tile == 0 && need <= budget) best_tile = w;
   }
-  // Identity fills of dense rows and shared-layer chunks take one row at width topk.
-  min_region = std::max(min_region, p.chunk_bytes(1, K));
+  // Identity fills of dense rows take one row of min(topk, max_context) keys.
+  min_region = std::max(min_region, p.chunk_bytes(1, std::min(K, L)));
   p.min_score_budget_bytes = min_region;
   if (min_region > budget || (!one_row_fits && best_tile == 0)) {
     return limit("score_budget_bytes = " + bytes_str(c.score_budget_bytes) +
