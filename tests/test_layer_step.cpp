@@ -747,6 +747,9 @@ TEST(LayerStep, StepsBeyondThePlanFailNamingTheLimit) {
   StepParams bq = p;
   bq.q_lens = t_i32(bad_q.data(), {2});
   EXPECT_TRUE(dsa_test::fails_naming(a5.step(bq), {"q_lens[0]", "kv_len = 100"}));
+  StepParams nc = p;
+  nc.index_cache = IndexerCacheDesc{};
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(nc), {"index_cache", "full and mtp"}));
   // Ops' own validation comes through with the op's name.
   StepParams bk = p;
   bk.index_k = t_f32(w.ik.data(), {w.T, 64});

@@ -139,6 +139,9 @@ Status Attention::step(const StepParams& p, StepReport* report) {
   if (sum_q != T) return invalid("q_lens: expected Σ q_lens = T = " + num(T) + ", got " + num(sum_q));
   if (!p.block_table.present() || p.block_table.ndim != 2 || p.block_table.shape[0] != B)
     return invalid("block_table: expected [B = " + num(B) + ", max_blocks] i32");
+  if (!p.mla_cache.present()) return invalid("mla_cache: expected the layer's MLA cache (data and num_blocks > 0)");
+  if (scores && !p.index_cache.present())
+    return invalid("index_cache: expected the layer's indexer cache (full and mtp layers own one)");
   if (p.mla_cache.page_size != cfg.page_size)
     return invalid("mla_cache: expected page_size = " + num(cfg.page_size) + " (the plan's), got " + num(p.mla_cache.page_size));
   if (scores && p.index_cache.page_size != cfg.page_size)
