@@ -77,6 +77,7 @@ struct StepReport {
          ms_dense = 0, ms_total = 0;
 };
 
+// Not re-entrant: one step at a time per object (its host staging is reused by every step).
 class Attention {
  public:
   // Keeps a copy of the plan and allocates the host staging it needs (plan.host_bytes).
