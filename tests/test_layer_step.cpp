@@ -194,6 +194,7 @@ struct RunOpts {
   bool want_indices = true;
   bool force_score = false;
   const std::vector<int32_t>* indices_in = nullptr;
+  const std::vector<int32_t>* positions = nullptr;  // RoPE positions
 };
 
 Result run_step(World& w, const RunOpts& o) {
@@ -228,6 +229,11 @@ Result run_step(World& w, const RunOpts& o) {
     p.indices_in = t_i32(in_copy.data(), {w.T, w.g.topk});
   }
   if (o.want_indices && o.role != IndexerRole::kShared) p.indices_out = t_i32(r.indices.data(), {w.T, w.g.topk});
+  std::vector<int32_t> pos_copy;
+  if (o.positions) {
+    pos_copy = *o.positions;
+    p.positions = t_i32(pos_copy.data(), {w.T});
+  }
   p.force_score = o.force_score;
   p.out = t_f32(r.out.data(), {w.T, kH, 512});
   p.lse = t_f32(r.lse.data(), {w.T, kH});
@@ -416,6 +422,13 @@ TEST(LayerStep, MatchesDirectOpsOneShotForEveryRole) {
   // The shared layer reusing the full layer's indices reproduces the full layer exactly.
   EXPECT_TRUE(same_bits(s.out, f.out));
   EXPECT_TRUE(same_bits(s.lse, f.lse));
+  // Mapping chunks under the minimum budget: same bits.
+  sh.budget = min_budget(w);
+  Result s2 = run_step(w, sh);
+  ASSERT_TRUE(s2.status.ok()) << s2.status.to_string();
+  EXPECT_GT(s2.report.score_chunks, s.report.score_chunks);
+  EXPECT_TRUE(same_bits(s2.out, s.out));
+  EXPECT_TRUE(same_bits(s2.lse, s.lse));
 }
 
 TEST(LayerStep, ChunkedAndTiledRunsBitIdenticalToOneShot) {
@@ -530,6 +543,21 @@ TEST(LayerStep, ContextShorterThanTopkHandsOnTheIdentity) {
   Result b = direct_pipeline(one, IndexerRole::kFull, nullptr, false);
   b.status = Status::Ok();
   expect_identical(a, b, "one decode row");
+}
+
+TEST(LayerStep, PositionsOverrideOnlyRope) {
+  World w(tiny_geometry(), {{100, 100}, {2, 300}}, 16, 12);
+  RunOpts o;
+  Result base = run_step(w, o);
+  o.positions = &w.row_pos;  // the default, given explicitly
+  expect_identical(base, run_step(w, o), "explicit cache positions");
+  std::vector<int32_t> shifted = w.row_pos;
+  for (auto& x : shifted) x += 5;
+  o.positions = &shifted;
+  Result moved = run_step(w, o);
+  ASSERT_TRUE(moved.status.ok()) << moved.status.to_string();
+  EXPECT_NE(moved.idx, base.idx) << "the indexer keys' RoPE follows the given positions";
+  EXPECT_EQ(moved.mla, base.mla) << "cache placement still follows the cache positions";
 }
 
 TEST(LayerStep, IndexerCacheWrittenOncePerTokenOnEveryRoute) {
