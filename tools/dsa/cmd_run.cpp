@@ -19,7 +19,7 @@ using Clock = std::chrono::steady_clock;
 
 struct RunOptions {
   std::string preset = "glm-5";
-  int context = 12288;  // kv_len of the long chunked prefill
+  int context = 16384;  // kv_len of the long chunked prefill
   int chunk = 256;      // its new rows
   int short_len = 512;  // the short prefill (kv_len <= topk: dense)
   int decode_seqs = 2;
@@ -46,7 +46,7 @@ void run_usage(FILE* f) {
       "PASS or FAIL (exit code 0 or 1; 2 for bad options or setup errors).\n\n"
       "options:\n"
       "  --preset NAME      deepseek-v3.2 | glm-5 | glm-5.2            (default glm-5)\n"
-      "  --context N        kv_len of the chunked prefill               (default 12288)\n"
+      "  --context N        kv_len of the chunked prefill               (default 16384)\n"
       "  --chunk N          new rows of the chunked prefill             (default 256)\n"
       "  --short N          length of the short prefill                 (default 512)\n"
       "  --decode N         decode sequences                            (default 2)\n"
@@ -320,7 +320,7 @@ int cmd_run(int argc, char** argv) {
     }
     const char* verdict = !r.error.empty() ? "ERROR" : (call_failed ? "-" : (c.passed ? "ok" : "FAIL"));
     std::printf("%-20s %10.2f  %-6s %s", r.name.c_str(), r.ms, verdict, r.what.c_str());
-    if (!call_failed) std::printf("; %d rows checked, worst %.2f of tolerance", c.rows, c.worst);
+    if (!call_failed) std::printf("; %d rows checked, max err/tol %.2f", c.rows, c.worst);
     std::printf("\n");
     if (!r.error.empty()) std::printf("    error: %s\n", r.error.c_str());
     if (!c.detail.empty()) std::printf("    mismatch: %s\n", c.detail.c_str());
