@@ -10,7 +10,10 @@ int main() {
   std::printf("dsa %s, backends:", dsa::version());
   for (const auto& b : dsa::compiled_backends()) std::printf(" %s", b.c_str());
   std::printf("\n");
-  if (std::strlen(dsa::version()) == 0) return 1;
+  if (std::strcmp(dsa::version(), DSA_PACKAGE_VERSION) != 0) {
+    std::printf("dsa::version() is '%s', the CMake package says '%s'\n", dsa::version(), DSA_PACKAGE_VERSION);
+    return 1;
+  }
 
   // quantize_fp8 on 2 rows of 128: row 0 has amax 7/8 (scale 2^-9: 0.875 / 448 = 1/512),
   // row 1 has amax 448 (scale 1). Every value below is exactly representable, so the FP8
