@@ -149,7 +149,9 @@ TEST(Numerics, Ue8m0ScaleIsTheSmallestPowerOfTwoAbove) {
     ASSERT_TRUE(oracle::is_power_of_two(got)) << a;
     const double eff = (std::isnan(a) || a < 1e-4f) ? static_cast<double>(1e-4f) : a;
     ASSERT_GE(448.0 * got, eff) << a;  // s >= amax / 448 exactly
-    if (got > floor_scale) ASSERT_LT(224.0 * got, eff) << a;  // s / 2 < amax / 448
+    if (got > floor_scale) {
+      ASSERT_LT(224.0 * got, eff) << a;  // s / 2 < amax / 448
+    }
   }
   EXPECT_EQ(ue8m0_scale(448.f), 1.0f);
   EXPECT_EQ(ue8m0_scale(next_up(448.f)), 2.0f);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/fp8_block.h"
 #include "cpu/parallel.h"
 #include "dsa/geometry.h"
 #include "dsa/numerics.h"
@@ -22,14 +23,13 @@ inline int64_t slot_of(const CacheSlots& w, int64_t t, int64_t page_size) {
   return blk * page_size + j % page_size;
 }
 
-// n values (f32 or bf16) rounded to BF16 as floats.
-inline void load_bf16_rounded(const void* src, DType dtype, int64_t n, float* __restrict dst) {
+// n values (f32 or bf16) as floats.
+inline void load_f32(const void* src, DType dtype, int64_t n, float* __restrict dst) {
   if (dtype == DType::kBF16) {
     const uint16_t* __restrict s = static_cast<const uint16_t*>(src);
     for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
   } else {
-    const float* __restrict s = static_cast<const float*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = round_to_bf16(s[i]);
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   }
 }
 
@@ -79,6 +79,7 @@ StatusCode write_mla_cache(const WriteMlaCacheParams& p) {
   parallel_for(T, kTokenGrain, [&](int64_t b, int64_t e) {
     alignas(64) float tile[kMlaFp8TileSize];
     alignas(64) uint16_t rope[kRopeDim];
+    alignas(64) uint8_t codes[kMlaFp8TileSize];
     for (int64_t t = b; t < e; ++t) {
       const int64_t slot = slot_of(p.where, t, page);
       if (slot < 0) continue;
@@ -95,13 +96,10 @@ StatusCode write_mla_cache(const WriteMlaCacheParams& p) {
       }
       // [512 e4m3][4 f32 scale][64 bf16 k_pe]: each 128-value tile has its own ue8m0 scale.
       for (int64_t g = 0; g < kLatentDim / kMlaFp8TileSize; ++g) {
-        load_bf16_rounded(src_c + g * kMlaFp8TileSize * es_c, p.kv_c.dtype, kMlaFp8TileSize, tile);
-        float amax = 0.f;
-        for (int64_t i = 0; i < kMlaFp8TileSize; ++i) amax = std::fmax(amax, std::fabs(tile[i]));
-        const float s = ue8m0_scale(amax);
-        const float inv = 1.0f / s;  // exact: s is a power of two
-        uint8_t* q = dst + g * kMlaFp8TileSize;
-        for (int64_t i = 0; i < kMlaFp8TileSize; ++i) q[i] = quantize_e4m3(tile[i], inv);
+        load_f32(src_c + g * kMlaFp8TileSize * es_c, p.kv_c.dtype, kMlaFp8TileSize, tile);
+        const float s = ue8m0_scale(round_bf16_and_amax(tile, kMlaFp8TileSize));
+        quantize_block(tile, kMlaFp8TileSize, 1.0f / s, codes);  // 1 / s exact: s is a power of two
+        std::memcpy(dst + g * kMlaFp8TileSize, codes, sizeof(codes));
         std::memcpy(dst + kMlaFp8ScaleOffset + g * 4, &s, 4);
       }
       store_bf16(src_r, p.k_pe.dtype, kRopeDim, rope);

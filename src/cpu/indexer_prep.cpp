@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/fp8_block.h"
 #include "cpu/parallel.h"
 #include "dsa/geometry.h"
 #include "dsa/numerics.h"
@@ -72,14 +73,8 @@ inline void apply_hadamard(float* __restrict x) {
 
 // Rounds x[0..n) to BF16 in place and quantises it to e4m3; returns the ue8m0 scale.
 inline float quantize_group(float* __restrict x, int64_t n, uint8_t* __restrict out) {
-  float amax = 0.f;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = round_to_bf16(x[i]);
-    amax = std::fmax(amax, std::fabs(x[i]));
-  }
-  const float s = ue8m0_scale(amax);
-  const float inv = 1.0f / s;  // exact: s is a power of two
-  for (int64_t i = 0; i < n; ++i) out[i] = quantize_e4m3(x[i], inv);
+  const float s = ue8m0_scale(round_bf16_and_amax(x, n));
+  quantize_block(x, n, 1.0f / s, out);  // 1 / s is exact: s is a power of two
   return s;
 }
 
