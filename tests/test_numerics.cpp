@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/fp8_block.h"
 #include "oracle/oracle_numerics.h"
 #include "test_util.h"
 
@@ -156,4 +157,32 @@ TEST(Numerics, Ue8m0ScaleIsTheSmallestPowerOfTwoAbove) {
   EXPECT_EQ(ue8m0_scale(448.f), 1.0f);
   EXPECT_EQ(ue8m0_scale(next_up(448.f)), 2.0f);
   EXPECT_EQ(ue8m0_scale(0.f), std::ldexp(1.0f, -22));  // 1e-4 / 448 = 2.23e-7 -> 2^-22
+}
+
+// The CPU backend's branch-free block conversions must equal the scalar ones bit for bit
+// (checked on all 2^32 patterns once by hand; here a dense sweep that keeps the suite fast).
+TEST(Numerics, CpuBlockConversionsEqualScalarOnes) {
+  auto check = [](uint32_t bits) {
+    const float f = bits_float(bits);
+    if (cpu::e4m3_from_float_nobranch(f) != float_to_e4m3(f)) return false;
+    return float_bits(cpu::round_bf16_nobranch(f)) == float_bits(round_to_bf16(f));
+  };
+  for (uint64_t u = 0; u < (1ull << 32); u += 251) ASSERT_TRUE(check(static_cast<uint32_t>(u))) << std::hex << u;
+  // Every pattern within a few steps of the format boundaries, both signs.
+  for (uint32_t edge : {0x3c800000u, 0x43e00000u, 0x43e80000u, 0x7f800000u, 0x3a800000u, 0x3a000000u, 0u, 0x7f7f8000u}) {
+    for (uint32_t d = 0; d < 4096; ++d) {
+      for (uint32_t sign : {0u, 0x80000000u}) {
+        ASSERT_TRUE(check(sign | (edge + d))) << std::hex << (sign | (edge + d));
+        ASSERT_TRUE(check(sign | (edge - d))) << std::hex << (sign | (edge - d));
+      }
+    }
+  }
+  // amax ignores NaN and counts -0 / inf like fmax of |x|.
+  float x[19] = {0};
+  x[3] = -7.5f;
+  x[17] = 3.f;
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(cpu::round_bf16_and_amax(x, 19), 7.5f);
+  x[18] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(cpu::round_bf16_and_amax(x, 19), std::numeric_limits<float>::infinity());
 }

@@ -30,18 +30,42 @@ inline uint8_t e4m3_from_float_nobranch(float y) {
   return static_cast<uint8_t>(sign | q);
 }
 
+// round_to_bf16 without branches (NaN keeps its payload's top bits and becomes quiet).
+inline float round_bf16_nobranch(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const uint32_t quiet_nan = (u & 0xffff0000u) | 0x00400000u;
+  const uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+  float out;
+  std::memcpy(&out, &r, 4);
+  return out;
+}
+
 // Rounds x[0..n) to BF16 in place and returns the largest |x| (NaN values ignored, as fmax).
 inline float round_bf16_and_amax(float* __restrict x, int64_t n) {
-  uint32_t amax_bits = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float r = round_to_bf16(x[i]);
-    x[i] = r;
-    uint32_t b;
-    std::memcpy(&b, &r, 4);
-    b &= 0x7fffffffu;
-    b = b > 0x7f800000u ? 0u : b;  // NaN does not count
-    amax_bits = b > amax_bits ? b : amax_bits;  // non-negative floats order like their bits
+  for (int64_t i = 0; i < n; ++i) x[i] = round_bf16_nobranch(x[i]);
+  // Sixteen running maxima, one per lane, so the loop needs no reduction to vectorise.
+  uint32_t lane[16] = {0};
+  const int64_t full = n - n % 16;
+  for (int64_t i = 0; i < full; i += 16) {
+    for (int l = 0; l < 16; ++l) {
+      uint32_t b;
+      std::memcpy(&b, &x[i + l], 4);
+      b &= 0x7fffffffu;
+      b = b > 0x7f800000u ? 0u : b;  // NaN does not count
+      lane[l] = b > lane[l] ? b : lane[l];  // non-negative floats order like their bits
+    }
   }
+  for (int64_t j = full; j < n; ++j) {
+    uint32_t b;
+    std::memcpy(&b, &x[j], 4);
+    b &= 0x7fffffffu;
+    b = b > 0x7f800000u ? 0u : b;
+    lane[0] = b > lane[0] ? b : lane[0];
+  }
+  uint32_t amax_bits = 0;
+  for (int l = 0; l < 16; ++l) amax_bits = lane[l] > amax_bits ? lane[l] : amax_bits;
   float amax;
   std::memcpy(&amax, &amax_bits, 4);
   return amax;
