@@ -58,17 +58,25 @@ inline void apply_rope(float* __restrict x, const float* __restrict cs, RopeStyl
 }
 
 // Normalised fast Walsh-Hadamard transform in Sylvester order: H[i][j] = (-1)^popcount(i & j).
-inline void apply_hadamard(float* __restrict x) {
-  for (int h = 1; h < kD; h *= 2) {
-    for (int base = 0; base < kD; base += 2 * h) {
-      for (int j = base; j < base + h; ++j) {
-        float a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
-    }
+// Constant-geometry form: the same stage, y[i] = x[2i] + x[2i+1], y[i+64] = x[2i] - x[2i+1],
+// applied log2(128) = 7 times yields the natural order; each stage is one even/odd
+// deinterleave with contiguous stores, which vectorises.
+inline void wht_stage(const float* __restrict in, float* __restrict out) {
+  for (int i = 0; i < kD / 2; ++i) {
+    const float a = in[2 * i], b = in[2 * i + 1];
+    out[i] = a + b;
+    out[i + kD / 2] = a - b;
   }
-  for (int i = 0; i < kD; ++i) x[i] *= kInvSqrt128;
+}
+
+inline void apply_hadamard(float* __restrict x) {
+  alignas(64) float buf[kD];
+  for (int pair = 0; pair < 3; ++pair) {
+    wht_stage(x, buf);
+    wht_stage(buf, x);
+  }
+  wht_stage(x, buf);  // the 7th stage
+  for (int i = 0; i < kD; ++i) x[i] = buf[i] * kInvSqrt128;
 }
 
 // Rounds x[0..n) to BF16 in place and quantises it to e4m3; returns the ue8m0 scale.
