@@ -3,6 +3,7 @@
 // 0/1/odd, determinism and argument errors.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "cpu/parallel.h"
@@ -180,6 +181,8 @@ TEST(IndexerPrep, QuantizeFp8IsExact) {
           x.f32[g + i] *= 1e4f;
           x.f32[D + i] *= 1e-6f;
         }
+        x.f32[2 * D + 5] = std::numeric_limits<float>::quiet_NaN();  // NaN stays NaN, others unaffected
+        x.f32[2 * D + 6] = -std::numeric_limits<float>::quiet_NaN();
         x.sync();
       }
       Guarded out(static_cast<size_t>(R * D)), scale(static_cast<size_t>(R * D / g * 4));
