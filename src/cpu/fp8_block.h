@@ -26,7 +26,7 @@ inline uint8_t e4m3_from_float_nobranch(float y) {
   const uint32_t q_sub = sbits - 0x46800000u;  // bits of 16384.0f
   const uint32_t q_norm = (a - (120u << 23) + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
   uint32_t q = a < 0x3c800000u ? q_sub : q_norm;
-  q = a >= 0x43e80000u ? 0x7fu : q;  // >= 464, inf and NaN
+  q = a > 0x43e80000u ? 0x7fu : q;  // > 464, inf and NaN (464 itself ties to 448)
   return static_cast<uint8_t>(sign | q);
 }
 

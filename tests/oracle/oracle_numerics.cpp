@@ -17,7 +17,7 @@ double e4m3_value(uint8_t code) {
 uint8_t e4m3_encode(double x) {
   const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
   const double a = std::fabs(x);
-  if (std::isnan(x) || a >= 464.0) return sign | 0x7f;
+  if (std::isnan(x) || a > 464.0) return sign | 0x7f;  // 464 ties to the even 448
   int best = 0;
   double best_d = std::numeric_limits<double>::infinity();
   for (int c = 0; c <= 0x7e; ++c) {
