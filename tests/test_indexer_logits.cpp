@@ -59,7 +59,7 @@ Inputs make_inputs(Rng& rng, int64_t M, int64_t H, int64_t N) {
 }
 
 // |got - ref| in f32 steps of the score's magnitude Σ_h |w'| Σ_d |q·k| s_k (cancellation-safe).
-double magnitude(const Inputs& in, int64_t i, int64_t j, const uint8_t* k8, float ks) {
+double magnitude(const Inputs& in, int64_t i, const uint8_t* k8, float ks) {
   double m = 0;
   for (int64_t h = 0; h < in.H; ++h) {
     double dot = 0;
@@ -143,7 +143,7 @@ TEST(IndexerLogits, RaggedPrefillWithPrefixesMatchesOracle) {
     auto ref = oracle::indexer_logits(in.q.x8, in.weights, in.k.x8, in.k.scale, rg.ks, rg.ke, H, 0, W);
     EXPECT_TRUE(matches(r.out.as<float>(), ref, W, [&](int64_t i, int64_t c) {
       const int64_t j = rg.ks[i] + c;
-      return magnitude(in, i, j, &in.k.x8[j * D], in.k.scale[j]);
+      return magnitude(in, i, &in.k.x8[j * D], in.k.scale[j]);
     })) << "H=" << H;
   }
 }
@@ -191,7 +191,7 @@ TEST(IndexerLogits, SmallAndOddShapes) {
     auto ref = oracle::indexer_logits(in.q.x8, in.weights, in.k.x8, in.k.scale, rg.ks, rg.ke, H, 0, W);
     EXPECT_TRUE(matches(r.out.as<float>(), ref, W, [&](int64_t i, int64_t c) {
       const int64_t j = rg.ks[i] + c;
-      return magnitude(in, i, j, &in.k.x8[j * D], in.k.scale[j]);
+      return magnitude(in, i, &in.k.x8[j * D], in.k.scale[j]);
     })) << M << "x" << H << "x" << N;
   }
 }
@@ -327,7 +327,7 @@ Status run_paged(PagedCase& pc, const IndexerLogitsPagedParams& base, int64_t W,
                                           pc.cache.max_blocks, pc.seq, pc.len, pc.H, col_offset, W);
   return matches(got, ref, W, [&](int64_t r, int64_t c) {
     const int64_t j = pc.key_offset[pc.seq[r]] + col_offset + c;
-    return magnitude(pc.in, r, j, &pc.in.k.x8[j * D], pc.in.k.scale[j]);
+    return magnitude(pc.in, r, &pc.in.k.x8[j * D], pc.in.k.scale[j]);
   });
 }
 

@@ -177,7 +177,9 @@ TEST(MapIndices, FlatAndPagedMatchOracleIncludingInvalid) {
           const int32_t want = kind == IndexMapKind::kFlat ? oracle::map_flat(kv_start[b], j)
                                                            : oracle::map_paged(&bt[b * max_blocks], max_blocks, page, j);
           ASSERT_EQ(out.as<int32_t>()[i * K + c], want) << "row " << i << " j " << j;
-          if (j < 0 || (kind == IndexMapKind::kPaged && j >= len)) ASSERT_EQ(want, -1);
+          if (j < 0 || (kind == IndexMapKind::kPaged && j >= len)) {
+            ASSERT_EQ(want, -1);
+          }
         }
       }
     }

@@ -2,9 +2,9 @@
 //
 // Rows that read the same keys (a run of rows with one ks, or of one sequence in the paged
 // form) form a tile of up to 4 rows. Per block of 64 keys the keys are dequantised once into a
-// transposed f32 block Kt[128][64]; then for every head the tile's rows are scored against the
-// block with an outer-product micro-kernel (broadcast q[r][d] times Kt[d][0:64], 4 x 64
-// accumulators in vector registers). Each column's arithmetic (d order, then h order, then the
+// transposed f32 block Kt[128][64]; then the tile's (row, head) pairs are scored against the
+// block with an outer-product micro-kernel (broadcast q[p][d] times Kt[d][0:64] for 4 pairs,
+// 4 x 64 accumulators in vector registers), so even a lone decode row reuses each key load 4x. Each column's arithmetic (d order, then h order, then the
 // key scale) never depends on the tile, the block or the column position, so tiled (col_offset)
 // and untiled runs are bit-identical. Keys past a tile's longest row are never read.
 #include <algorithm>
@@ -90,38 +90,53 @@ struct Scratch {
   std::vector<float> s;   // [kTileRows][64]
 };
 
-// s[r][0:64] += Σ_h w[r][h] · relu(q[r][h] · Kt) for the tile's RT rows.
-template <int RT>
-void score_block(const float* __restrict q, const float* __restrict w, int64_t H,
-                 const float* __restrict kt, float* __restrict s) {
-  v16f sum[RT][kVecs];
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < kVecs; ++v) sum[r][v] = load16(s + r * kKeyBlock + v * 16);
+// Scores every (row, head) pair of the tile against the key block, kPairs pairs at a time
+// (pair p = r * H + h, so q and w are indexed by p directly):
+//   s[r][0:64] += w[p] · relu(q[p] · Kt)
+// Each pair's dot runs over d in order, and row r's pairs are added in ascending h, whatever
+// the grouping, so the result never depends on the tile's row count.
+constexpr int kPairs = 6;
+
+template <int P>
+void score_pairs(const float* __restrict q, const float* __restrict w, const float* __restrict kt,
+                 float* __restrict s, int64_t first, int64_t H) {
   const v16f zero = {};
-  for (int64_t h = 0; h < H; ++h) {
-    v16f acc[RT][kVecs];
-    for (int r = 0; r < RT; ++r)
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = zero;
-    for (int d = 0; d < kDim; ++d) {
-      v16f kv[kVecs];
-      for (int v = 0; v < kVecs; ++v) kv[v] = load16(kt + d * kKeyBlock + v * 16);
-      for (int r = 0; r < RT; ++r) {
-        const float qd = q[(r * H + h) * kDim + d];
-        for (int v = 0; v < kVecs; ++v) acc[r][v] += qd * kv[v];
-      }
-    }
-    for (int r = 0; r < RT; ++r) {
-      const float wr = w[r * H + h];
-      for (int v = 0; v < kVecs; ++v) sum[r][v] += wr * (acc[r][v] > zero ? acc[r][v] : zero);
+  v16f acc[P][kVecs];
+  for (int i = 0; i < P; ++i)
+    for (int v = 0; v < kVecs; ++v) acc[i][v] = zero;
+  const float* qp = q + first * kDim;
+  for (int d = 0; d < kDim; ++d) {
+    v16f kv[kVecs];
+    for (int v = 0; v < kVecs; ++v) kv[v] = load16(kt + d * kKeyBlock + v * 16);
+    for (int i = 0; i < P; ++i) {
+      const float qd = qp[i * kDim + d];
+      for (int v = 0; v < kVecs; ++v) acc[i][v] += qd * kv[v];
     }
   }
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < kVecs; ++v) store16(s + r * kKeyBlock + v * 16, sum[r][v]);
+  for (int i = 0; i < P; ++i) {
+    const int64_t pair = first + i;
+    float* srow = s + (pair / H) * kKeyBlock;
+    const float wp = w[pair];
+    for (int v = 0; v < kVecs; ++v) {
+      v16f sv = load16(srow + v * 16);
+      sv += wp * (acc[i][v] > zero ? acc[i][v] : zero);
+      store16(srow + v * 16, sv);
+    }
+  }
 }
 
-using ScoreFn = void (*)(const float*, const float*, int64_t, const float*, float*);
-constexpr ScoreFn kScoreFns[kTileRows + 1] = {nullptr, score_block<1>, score_block<2>,
-                                              score_block<3>, score_block<4>};
+void score_block(const float* q, const float* w, int64_t pairs, int64_t H, const float* kt, float* s) {
+  int64_t p = 0;
+  for (; p + kPairs <= pairs; p += kPairs) score_pairs<kPairs>(q, w, kt, s, p, H);
+  switch (pairs - p) {
+    case 5: score_pairs<5>(q, w, kt, s, p, H); break;
+    case 4: score_pairs<4>(q, w, kt, s, p, H); break;
+    case 3: score_pairs<3>(q, w, kt, s, p, H); break;
+    case 2: score_pairs<2>(q, w, kt, s, p, H); break;
+    case 1: score_pairs<1>(q, w, kt, s, p, H); break;
+    default: break;
+  }
+}
 
 // Columns [c0, c1) of one tile; the last chunk of a tile also owns the -inf tail up to W.
 template <typename Keys>
@@ -161,7 +176,7 @@ void run_chunk(const Tile& t, int64_t c0, int64_t c1, const Keys& keys, const Te
       sc.ks[c] = 0.f;
     }
     std::fill(sc.s.begin(), sc.s.end(), 0.f);
-    kScoreFns[t.rows](sc.q.data(), sc.w.data(), H, kt, sc.s.data());
+    score_block(sc.q.data(), sc.w.data(), t.rows * H, H, kt, sc.s.data());
     for (int r = 0; r < t.rows; ++r) {
       float* orow = out.ptr<float>() + t.row[r] * out.stride[0];
       const float* srow = sc.s.data() + r * kKeyBlock;
