@@ -30,9 +30,20 @@ std::vector<float> random_f32(size_t n, uint64_t seed, float lo = -1.f, float hi
   return v;
 }
 
-// M rows (one long prefill chunk at the end of an N-token sequence) x N keys, H heads.
+// Runs the benchmark body on `threads` pool threads (0: all), restoring the pool afterwards.
+struct PoolThreads {
+  int saved;
+  explicit PoolThreads(int64_t threads) : saved(cpu::pool_threads()) {
+    if (threads > 0) cpu::set_pool_threads(static_cast<int>(threads));
+  }
+  ~PoolThreads() { cpu::set_pool_threads(saved); }
+};
+
+// M rows (one long prefill chunk at the end of an N-token sequence) x N keys, H heads;
+// range(3): pool threads (0: all).
 void BM_IndexerLogits(benchmark::State& state) {
   const int64_t M = state.range(0), N = state.range(1), H = state.range(2), D = 128;
+  PoolThreads pool(state.range(3));
   auto q = random_e4m3(M * H * D, 1), k = random_e4m3(N * D, 2);
   auto w = random_f32(M * H, 3), ks = random_f32(N, 4, 1e-3f, 2e-3f);
   std::vector<int32_t> rs(M, 0), re(M, static_cast<int32_t>(N));  // every row sees all N keys
@@ -52,7 +63,7 @@ void BM_IndexerLogits(benchmark::State& state) {
   }
   state.counters["FLOP/s"] = benchmark::Counter(2.0 * M * N * H * D, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_IndexerLogits)->Args({256, 8192, 32})->Args({256, 8192, 64})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_IndexerLogits)->Args({256, 8192, 32, 0})->Args({256, 8192, 64, 0})->Args({256, 8192, 64, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Decode: B sequences x next_n rows against a paged cache of kv tokens each.
 void BM_IndexerLogitsPagedDecode(benchmark::State& state) {
@@ -92,6 +103,7 @@ BENCHMARK(BM_IndexerLogitsPagedDecode)->Args({8, 8192, 1})->Args({8, 8192, 4})->
 
 void BM_Topk(benchmark::State& state) {
   const int64_t M = state.range(0), W = state.range(1), k = state.range(2);
+  PoolThreads pool(state.range(3));
   auto x = random_f32(M * W, 7);
   std::vector<int32_t> lens(M, static_cast<int32_t>(W)), idx(M * k);
   TopkParams p;
@@ -106,7 +118,7 @@ void BM_Topk(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * M * W * 4);
 }
-BENCHMARK(BM_Topk)->Args({64, 65536, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Topk)->Args({64, 65536, 2048, 0})->Args({64, 65536, 2048, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_MapIndices(benchmark::State& state) {
   const int64_t M = state.range(0), K = 2048, B = 16, max_blocks = 1024, page = 64;
@@ -150,6 +162,7 @@ float fma_chains(float seed) {
 }
 
 void BM_Fp32FmaPeak(benchmark::State& state) {
+  PoolThreads pool(state.range(0));
   const int threads = cpu::pool_threads();
   for (auto _ : state) {
     cpu::parallel_for(threads, 1, [&](int64_t b, int64_t e) {
@@ -160,6 +173,6 @@ void BM_Fp32FmaPeak(benchmark::State& state) {
                                                 benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = threads;
 }
-BENCHMARK(BM_Fp32FmaPeak)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Fp32FmaPeak)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

@@ -136,6 +136,10 @@ TEST(IndexerLogits, RaggedPrefillWithPrefixesMatchesOracle) {
     Rng rng(11 + H);
     Ragged rg = ragged({{70, 70}, {150, 9}, {1, 1}, {129, 5}, {64, 64}});
     Inputs in = make_inputs(rng, static_cast<int64_t>(rg.ks.size()), H, rg.N);
+    // Unused key slots past every row's keys hold NaN (e4m3 0x7f, NaN scale): never read.
+    in.k.x8.resize(static_cast<size_t>((rg.N + 40) * D), 0x7f);
+    in.k.scale.resize(static_cast<size_t>(rg.N + 40), std::numeric_limits<float>::quiet_NaN());
+    rg.N += 40;
     const int64_t W = rg.max_len + 7;
     FlatRun r = run_flat(in, rg, 0, W);
     DSA_ASSERT_OK(r.st);
@@ -421,6 +425,8 @@ TEST(IndexerLogits, RejectsBadArgumentsNamingThem) {
   EXPECT_TRUE(dsa_test::fails_naming(indexer_logits(p), {"logits", "contiguous"}));
   p = base(); p.col_offset = -1;
   EXPECT_TRUE(dsa_test::fails_naming(indexer_logits(p), {"col_offset"}));
+  p = base(); p.col_offset = std::numeric_limits<int64_t>::max();
+  EXPECT_TRUE(dsa_test::fails_naming(indexer_logits(p), {"col_offset"}));
   std::vector<int32_t> bad_ks = {10, 0}, bad_ke = {10, 11};
   p = base(); p.ks = dsa_test::t_i32(bad_ks.data(), {2});
   EXPECT_TRUE(dsa_test::fails_naming(indexer_logits(p), {"ks[0]", "ke"}));
@@ -449,6 +455,8 @@ TEST(IndexerLogitsPaged, RejectsBadArgumentsNamingThem) {
   EXPECT_TRUE(dsa_test::fails_naming(run_paged(pc, q, 80, &out), {"indexer_logits_paged", "q", "B * next_n"}));
   q = p; q.next_n = 0;
   EXPECT_TRUE(dsa_test::fails_naming(run_paged(pc, q, 80, &out), {"next_n"}));
+  q = p; q.col_offset = -3;
+  EXPECT_TRUE(dsa_test::fails_naming(run_paged(pc, q, 80, &out), {"col_offset"}));
   kv_lens = {1};
   EXPECT_TRUE(dsa_test::fails_naming(run_paged(pc, p, 80, &out), {"kv_lens[0]", "next_n"}));
   kv_lens = {1000};

@@ -221,6 +221,10 @@ TEST(MapIndices, RejectsBadArgumentsNamingThem) {
   EXPECT_TRUE(dsa_test::fails_naming(map_indices(p), {"block_table", "required"}));
   p.block_table = dsa_test::t_i32(bt.data(), {2, 3}); p.page_size = 0;
   EXPECT_TRUE(dsa_test::fails_naming(map_indices(p), {"page_size"}));
+  p.page_size = int64_t{1} << 40;
+  EXPECT_TRUE(dsa_test::fails_naming(map_indices(p), {"page_size"}));
+  p.page_size = 64;
+  DSA_ASSERT_OK(map_indices(p));
   p = base(); p.row_seq = dsa_test::t_i32(row_seq.data(), {4});
   DSA_ASSERT_OK(map_indices(p));
   row_seq[2] = 2;

@@ -15,6 +15,7 @@ namespace dsa {
 namespace {
 
 constexpr int64_t kIndexDim = 128;
+constexpr int64_t kMaxKeyIndex = 2147483647;  // key positions are i32 everywhere
 
 std::string at(const char* name, int64_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
 
@@ -39,7 +40,8 @@ Status indexer_logits(const IndexerLogitsParams& p) {
   c.tensor(p.ks, "ks", {DType::kI32}, {{M, "M"}}, false);
   c.tensor(p.ke, "ke", {DType::kI32}, {{M, "M"}}, false);
   c.tensor(p.logits, "logits", {DType::kF32}, {{M, "M"}, "W"});
-  c.require(p.col_offset >= 0, "col_offset", "expected >= 0, got " + std::to_string(p.col_offset));
+  c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
+            "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
   if (!c.ok()) return c.status();
   Device dev;
   Status st = core::pick_device(op, {&p.q, &p.weights, &p.k, &p.k_scale, &p.ks, &p.ke, &p.logits}, &dev);
@@ -85,7 +87,8 @@ Status indexer_logits_paged(const IndexerLogitsPagedParams& p) {
                   " rows (decode form), got R = " + std::to_string(R));
   }
   c.tensor(p.logits, "logits", {DType::kF32}, {{R, "R"}, "W"});
-  c.require(p.col_offset >= 0, "col_offset", "expected >= 0, got " + std::to_string(p.col_offset));
+  c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
+            "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
   if (!c.ok()) return c.status();
   Device dev;
   Status st = core::pick_device(op, {&p.q, &p.weights, &p.block_table, &p.kv_lens, &p.row_seq,

@@ -87,7 +87,8 @@ Status map_indices(const MapIndicesParams& p) {
     B = c.ok() ? p.kv_start.shape[0] : 0;
   } else if (c.ok()) {
     c.tensor(p.block_table, "block_table", {DType::kI32}, {"B", "max_blocks"});
-    c.require(p.page_size > 0, "page_size", "expected > 0, got " + std::to_string(p.page_size));
+    c.require(p.page_size > 0 && p.page_size <= 2147483647, "page_size",
+              "expected in [1, 2^31 - 1], got " + std::to_string(p.page_size));
     B = c.ok() ? p.block_table.shape[0] : 0;
   }
   if (c.ok() && !p.row_seq.present() && M > 0) {
