@@ -1,12 +1,14 @@
 // CPU indexer logits (SPEC §3.4): I[i, j] = Σ_h w'[i,h] · relu(q8[i,h] · k8[j]) · s_k[j].
 //
 // Rows that read the same keys (a run of rows with one ks, or of one sequence in the paged
-// form) form a tile of up to 4 rows. Per block of 64 keys the keys are dequantised once into a
-// transposed f32 block Kt[128][64]; then the tile's (row, head) pairs are scored against the
-// block with an outer-product micro-kernel (broadcast q[p][d] times Kt[d][0:64] for 4 pairs,
-// 4 x 64 accumulators in vector registers), so even a lone decode row reuses each key load 4x. Each column's arithmetic (d order, then h order, then the
-// key scale) never depends on the tile, the block or the column position, so tiled (col_offset)
-// and untiled runs are bit-identical. Keys past a tile's longest row are never read.
+// form) form a tile of up to 16 rows. Per block of 64 keys the keys are dequantised once into
+// a transposed f32 block Kt[128][64] (256-entry lookup table); then the tile's (row, head)
+// pairs are scored against the block with an outer-product micro-kernel: broadcast q[p][d]
+// times Kt[d][0:64] for 6 pairs at a time, 6 x 64 accumulators in vector registers, so even a
+// lone decode row reuses each key load 6x. Each column's arithmetic (d order, then h order,
+// then the key scale) never depends on the tile, the block or the column position, so tiled
+// (col_offset) and untiled runs, and runs on any thread count, are bit-identical. Keys past a
+// tile's longest row are never read (the block is padded with zeros).
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -21,9 +23,9 @@ namespace cpu {
 namespace {
 
 constexpr int kDim = 128;
-constexpr int kTileRows = 4;
+constexpr int kTileRows = 16;
 constexpr int kKeyBlock = 64;
-constexpr int64_t kChunkCols = 256;  // columns per work item (a multiple of kKeyBlock)
+constexpr int64_t kChunkCols = 512;  // columns per work item (a multiple of kKeyBlock)
 
 typedef float v16f __attribute__((vector_size(64)));
 constexpr int kVecs = kKeyBlock / 16;
