@@ -376,7 +376,7 @@ TEST(IndexerLogitsPaged, GeneralRowsChunkedPrefillOverCachedPrefix) {
   Rng rng(23);
   const std::vector<int64_t> kv = {130, 64, 1};
   PagedCase pc;
-  pc.H = 11;  // pair counts 66, 11, 33: every micro-kernel remainder
+  pc.H = 11;  // pair counts 66, 11, 33: micro-kernel remainders 0, 5, 3
   // sequence 0: 6 new tokens after a 124-token prefix; sequence 2 (1 token); sequence 1: 3 rows.
   const std::vector<std::pair<int, int>> rows = {{0, 125}, {0, 126}, {0, 127}, {0, 128}, {0, 129},
                                                  {0, 130}, {2, 1},   {1, 62},  {1, 63},  {1, 64}};
