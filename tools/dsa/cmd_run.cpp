@@ -78,7 +78,10 @@ int parse(int argc, char** argv, RunOptions* o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](const char** v) {
-      if (i + 1 >= argc) return false;
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "dsa run: %s needs a value\n", a.c_str());
+        return false;
+      }
       *v = argv[++i];
       return true;
     };
