@@ -1,0 +1,350 @@
+// Sparse and dense MLA attention on the CPU (SPEC §5).
+//
+// Every head of a token attends to the same keys (absorbed MQA form), so the work unit is
+// one token and a range of its heads: its keys are gathered in chunks of kChunk, converted to
+// f32 once per chunk in two layouts (transposed [576][kChunk] for the q·k scores, row-major
+// [kChunk][512] for p·v), and all heads of the range run over the chunk with an online
+// softmax in the log2 domain. Dense attention is the same engine with the key list
+// 0 .. L_t - 1 of the token's sequence, so dense and sparse agree bit for bit on equal key
+// lists. Only valid keys are ever read: invalid indices and unused cache slots (NaN) never
+// enter the arithmetic.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu/cpu_ops.h"
+#include "cpu/parallel.h"
+#include "dsa/numerics.h"
+
+namespace dsa {
+namespace cpu {
+namespace {
+
+constexpr int kDim = 576;     // [c_kv 512 | k_pe 64]
+constexpr int kVDim = 512;
+constexpr int kChunk = 64;    // keys per converted block
+constexpr int kHeadGroup = 4; // heads per micro-kernel call
+constexpr int kKeyTile = 32;  // keys per score micro-tile
+constexpr int kDimTile = 32;  // value dims per p·v micro-tile
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Where keys come from: a flat [S, 576] tensor (f32 or bf16) or a paged cache.
+struct KeySource {
+  const uint8_t* base = nullptr;
+  bool paged = false;
+  DType flat_dtype = DType::kF32;
+  int64_t flat_row_stride = 0;  // elements
+  MlaCacheDtype cache_dtype = MlaCacheDtype::kBF16;
+  int64_t page_size = 1;
+  int64_t block_bytes = 0;
+  int64_t token_bytes = 0;
+  float e4m3_lut[256];
+
+  explicit KeySource(const MlaKv& kv) {
+    if (kv.flat.present()) {
+      base = static_cast<const uint8_t*>(kv.flat.data);
+      flat_dtype = kv.flat.dtype;
+      flat_row_stride = kv.flat.stride[0];
+    } else {
+      paged = true;
+      base = static_cast<const uint8_t*>(kv.paged.data);
+      cache_dtype = kv.paged.dtype;
+      page_size = kv.paged.page_size;
+      block_bytes = kv.paged.block_bytes();
+      token_bytes = kv.paged.token_bytes();
+    }
+    for (int i = 0; i < 256; ++i) e4m3_lut[i] = e4m3_to_float(static_cast<uint8_t>(i));
+  }
+
+  // Decodes key `slot` (row of the flat tensor, or cache slot) into dst[576].
+  void load(int64_t slot, float* __restrict dst) const {
+    if (!paged) {
+      if (flat_dtype == DType::kF32) {
+        std::memcpy(dst, reinterpret_cast<const float*>(base) + slot * flat_row_stride, kDim * 4);
+      } else {
+        const uint16_t* src = reinterpret_cast<const uint16_t*>(base) + slot * flat_row_stride;
+        bf16_row(src, dst, kDim);
+      }
+      return;
+    }
+    const uint8_t* tok = base + (slot / page_size) * block_bytes + (slot % page_size) * token_bytes;
+    if (cache_dtype == MlaCacheDtype::kBF16) {
+      uint16_t tmp[kDim];
+      std::memcpy(tmp, tok, sizeof(tmp));
+      bf16_row(tmp, dst, kDim);
+      return;
+    }
+    float scale[4];
+    std::memcpy(scale, tok + kMlaFp8ScaleOffset, sizeof(scale));
+    for (int tile = 0; tile < 4; ++tile) {
+      const uint8_t* q8 = tok + tile * kMlaFp8TileSize;
+      float* o = dst + tile * kMlaFp8TileSize;
+      const float s = scale[tile];
+      for (int i = 0; i < kMlaFp8TileSize; ++i) o[i] = e4m3_lut[q8[i]] * s;
+    }
+    uint16_t rope[kDim - kVDim];
+    std::memcpy(rope, tok + kMlaFp8RopeOffset, sizeof(rope));
+    bf16_row(rope, dst + kVDim, kDim - kVDim);
+  }
+
+  static void bf16_row(const uint16_t* __restrict src, float* __restrict dst, int n) {
+    for (int i = 0; i < n; ++i) dst[i] = bits_float(static_cast<uint32_t>(src[i]) << 16);
+  }
+};
+
+// Per-task scratch, reused across the task's work items.
+struct Scratch {
+  std::vector<float> key_t;    // [576][kChunk]
+  std::vector<float> key_v;    // [kChunk][512]
+  std::vector<float> key_row;  // [576]
+  std::vector<float> q;        // [heads][576], pre-scaled by sm_scale * log2(e)
+  std::vector<float> acc;      // [heads][512]
+  std::vector<float> score;    // [heads][kChunk]
+  std::vector<float> m, l;     // running max (log2 domain) and sum per head
+  std::vector<int64_t> slots;  // the token's valid keys
+  explicit Scratch(int heads)
+      : key_t(static_cast<size_t>(kDim) * kChunk, 0.f), key_v(static_cast<size_t>(kChunk) * kVDim),
+        key_row(kDim), q(static_cast<size_t>(heads) * kDim), acc(static_cast<size_t>(heads) * kVDim),
+        score(static_cast<size_t>(heads) * kChunk), m(heads), l(heads) {}
+};
+
+// score[h][j] = q[h] · key_t[:, j] for NH heads and all kChunk keys.
+template <int NH>
+void scores_tile(const float* __restrict q, const float* __restrict key_t, float* __restrict score) {
+  for (int j0 = 0; j0 < kChunk; j0 += kKeyTile) {
+    float acc[NH][kKeyTile] = {};
+    for (int d = 0; d < kDim; ++d) {
+      const float* __restrict k = key_t + d * kChunk + j0;
+      for (int h = 0; h < NH; ++h) {
+        const float qv = q[h * kDim + d];
+        for (int j = 0; j < kKeyTile; ++j) acc[h][j] += qv * k[j];
+      }
+    }
+    for (int h = 0; h < NH; ++h)
+      for (int j = 0; j < kKeyTile; ++j) score[h * kChunk + j0 + j] = acc[h][j];
+  }
+}
+
+// acc[h][:] += Σ_{j < n} p[h][j] · key_v[j][:] for NH heads.
+template <int NH>
+void values_tile(const float* __restrict p, const float* __restrict key_v, int n, float* __restrict acc) {
+  for (int d0 = 0; d0 < kVDim; d0 += kDimTile) {
+    float a[NH][kDimTile];
+    for (int h = 0; h < NH; ++h)
+      for (int d = 0; d < kDimTile; ++d) a[h][d] = acc[h * kVDim + d0 + d];
+    for (int j = 0; j < n; ++j) {
+      const float* __restrict v = key_v + j * kVDim + d0;
+      for (int h = 0; h < NH; ++h) {
+        const float pj = p[h * kChunk + j];
+        for (int d = 0; d < kDimTile; ++d) a[h][d] += pj * v[d];
+      }
+    }
+    for (int h = 0; h < NH; ++h)
+      for (int d = 0; d < kDimTile; ++d) acc[h * kVDim + d0 + d] = a[h][d];
+  }
+}
+
+template <int NH>
+void group_chunk(Scratch& s, int h, int n) {
+  float* score = s.score.data() + static_cast<size_t>(h) * kChunk;
+  scores_tile<NH>(s.q.data() + static_cast<size_t>(h) * kDim, s.key_t.data(), score);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int hh = 0; hh < NH; ++hh) {
+    float* sc = score + hh * kChunk;
+    float mx = neg_inf;
+    for (int j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
+    const float m_old = s.m[h + hh];
+    const float m_new = std::max(m_old, mx);
+    // m_old = -inf on the first chunk: alpha = 0 and acc (zero) stays zero.
+    const float alpha = std::exp2(m_old - m_new);
+    float sum = 0.f;
+    for (int j = 0; j < n; ++j) {
+      sc[j] = std::exp2(sc[j] - m_new);
+      sum += sc[j];
+    }
+    s.m[h + hh] = m_new;
+    s.l[h + hh] = s.l[h + hh] * alpha + sum;
+    if (alpha != 1.f) {
+      float* a = s.acc.data() + static_cast<size_t>(h + hh) * kVDim;
+      for (int d = 0; d < kVDim; ++d) a[d] *= alpha;
+    }
+  }
+  values_tile<NH>(score, s.key_v.data(), n, s.acc.data() + static_cast<size_t>(h) * kVDim);
+}
+
+struct OutputWriter {
+  const TensorDesc& out;
+  const TensorDesc& lse;
+  const TensorDesc& sink;
+};
+
+// One token t, heads [h0, h1), over the keys in s.slots.
+void attend_token(const KeySource& src, const TensorDesc& q, float sm_scale, int64_t t,
+                  int h0, int h1, const OutputWriter& w, Scratch& s) {
+  const int nh = h1 - h0;
+  const float qscale = sm_scale * kLog2e;
+  for (int h = 0; h < nh; ++h) {
+    float* dst = s.q.data() + static_cast<size_t>(h) * kDim;
+    if (q.dtype == DType::kF32) {
+      const float* row = q.ptr<float>() + t * q.stride[0] + (h0 + h) * q.stride[1];
+      for (int d = 0; d < kDim; ++d) dst[d] = row[d] * qscale;
+    } else {
+      const uint16_t* row = q.ptr<uint16_t>() + t * q.stride[0] + (h0 + h) * q.stride[1];
+      for (int d = 0; d < kDim; ++d) dst[d] = bf16_to_float(row[d]) * qscale;
+    }
+  }
+  std::fill(s.acc.begin(), s.acc.begin() + static_cast<size_t>(nh) * kVDim, 0.f);
+  std::fill(s.m.begin(), s.m.begin() + nh, -std::numeric_limits<float>::infinity());
+  std::fill(s.l.begin(), s.l.begin() + nh, 0.f);
+
+  const int64_t total = static_cast<int64_t>(s.slots.size());
+  for (int64_t c0 = 0; c0 < total; c0 += kChunk) {
+    const int n = static_cast<int>(std::min<int64_t>(kChunk, total - c0));
+    float* kt = s.key_t.data();
+    for (int j = 0; j < n; ++j) {
+      float* row = s.key_row.data();
+      src.load(s.slots[static_cast<size_t>(c0 + j)], row);
+      std::memcpy(s.key_v.data() + static_cast<size_t>(j) * kVDim, row, kVDim * 4);
+      for (int d = 0; d < kDim; ++d) kt[d * kChunk + j] = row[d];
+    }
+    // Columns past n are zeroed (no stale NaN or denormals): their scores are computed by
+    // the fixed-width tile but never read.
+    if (n < kChunk) {
+      for (int d = 0; d < kDim; ++d) std::fill(kt + d * kChunk + n, kt + (d + 1) * kChunk, 0.f);
+    }
+    int h = 0;
+    for (; h + kHeadGroup <= nh; h += kHeadGroup) group_chunk<kHeadGroup>(s, h, n);
+    switch (nh - h) {
+      case 3: group_chunk<3>(s, h, n); break;
+      case 2: group_chunk<2>(s, h, n); break;
+      case 1: group_chunk<1>(s, h, n); break;
+      default: break;
+    }
+  }
+
+  for (int h = 0; h < nh; ++h) {
+    const int hg = h0 + h;
+    const float* a = s.acc.data() + static_cast<size_t>(h) * kVDim;
+    float factor = 0.f;
+    float lse = std::numeric_limits<float>::infinity();  // no valid key
+    if (s.l[h] > 0.f) {
+      const double lse_d = (static_cast<double>(s.m[h]) + std::log2(static_cast<double>(s.l[h]))) *
+                           0.6931471805599453;
+      lse = static_cast<float>(lse_d);
+      double f = 1.0 / static_cast<double>(s.l[h]);
+      if (w.sink.present()) {
+        const double sink = w.sink.ptr<float>()[hg * w.sink.stride[0]];
+        // exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + exp(sink - lse)), overflow-safe.
+        f /= 1.0 + std::exp(sink - lse_d);
+      }
+      factor = static_cast<float>(f);
+    }
+    w.lse.ptr<float>()[t * w.lse.stride[0] + hg * w.lse.stride[1]] = lse;
+    if (w.out.dtype == DType::kF32) {
+      float* o = w.out.ptr<float>() + t * w.out.stride[0] + hg * w.out.stride[1];
+      for (int d = 0; d < kVDim; ++d) o[d] = a[d] * factor;
+    } else {
+      uint16_t* o = w.out.ptr<uint16_t>() + t * w.out.stride[0] + hg * w.out.stride[1];
+      for (int d = 0; d < kVDim; ++d) o[d] = float_to_bf16(a[d] * factor);
+    }
+  }
+}
+
+// Splits the heads of few tokens across tasks. Depends only on the shape (never on the
+// thread count), and each head's arithmetic is the same in every split, so results are
+// reproducible everywhere.
+int heads_per_item(int64_t tokens, int heads) {
+  if (tokens >= 8 || heads <= kHeadGroup) return heads;
+  int64_t splits = std::min<int64_t>((8 + tokens - 1) / tokens, (heads + kHeadGroup - 1) / kHeadGroup);
+  int per = static_cast<int>((heads + splits - 1) / splits);
+  return (per + kHeadGroup - 1) / kHeadGroup * kHeadGroup;
+}
+
+}  // namespace
+
+StatusCode sparse_mla(const SparseMlaParams& p) {
+  const int64_t T = p.q.shape[0];
+  const int H = static_cast<int>(p.q.shape[1]);
+  const int64_t K = p.indices.shape[1];
+  if (T == 0 || H == 0) return StatusCode::kOk;
+  const KeySource src(p.kv);
+  const int64_t num_keys = p.kv.flat.present() ? p.kv.flat.shape[0] : p.kv.paged.num_slots();
+  const int hpi = heads_per_item(T, H);
+  const int64_t hsplit = (H + hpi - 1) / hpi;
+  const OutputWriter w{p.out, p.lse, p.attn_sink};
+  parallel_for(T * hsplit, 1, [&](int64_t b, int64_t e) {
+    Scratch s(hpi);
+    s.slots.reserve(static_cast<size_t>(K));
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t t = item / hsplit;
+      const int h0 = static_cast<int>(item % hsplit) * hpi;
+      const int h1 = std::min(H, h0 + hpi);
+      int64_t len = K;
+      if (p.topk_length.present()) {
+        len = std::min<int64_t>(K, std::max<int64_t>(0, p.topk_length.ptr<int32_t>()[t * p.topk_length.stride[0]]));
+      }
+      s.slots.clear();
+      const int32_t* row = p.indices.ptr<int32_t>() + t * p.indices.stride[0];
+      for (int64_t k = 0; k < len; ++k) {
+        const int64_t idx = row[k * p.indices.stride[1]];
+        if (idx >= 0 && idx < num_keys) s.slots.push_back(idx);
+      }
+      attend_token(src, p.q, p.sm_scale, t, h0, h1, w, s);
+    }
+  });
+  return StatusCode::kOk;
+}
+
+StatusCode dense_mla(const DenseMlaParams& p) {
+  const int64_t T = p.q.shape[0];
+  const int H = static_cast<int>(p.q.shape[1]);
+  const int64_t B = p.cu_seqlens_q.shape[0] - 1;
+  if (T == 0 || H == 0 || B <= 0) return StatusCode::kOk;
+  const bool paged = p.kv.paged.present();
+  const KeySource src(p.kv);
+  auto cu_q = [&](int64_t b) { return static_cast<int64_t>(p.cu_seqlens_q.ptr<int32_t>()[b * p.cu_seqlens_q.stride[0]]); };
+  // Sequence of every token (cu_seqlens_q is validated: monotone, from 0 to T).
+  std::vector<int64_t> seq_of(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = cu_q(b); t < cu_q(b + 1); ++t) seq_of[static_cast<size_t>(t)] = b;
+  const int hpi = heads_per_item(T, H);
+  const int64_t hsplit = (H + hpi - 1) / hpi;
+  const int64_t items = T * hsplit;
+  const OutputWriter w{p.out, p.lse, p.attn_sink};
+  parallel_for(items, 1, [&](int64_t b, int64_t e) {
+    Scratch s(hpi);
+    for (int64_t item = b; item < e; ++item) {
+      // Causal rows grow in cost with t: interleave cheap and expensive tokens so that every
+      // contiguous range of items carries a similar load.
+      const int64_t r = item / hsplit;
+      const int64_t t = (r % 2 == 0) ? r / 2 : T - 1 - r / 2;
+      const int h0 = static_cast<int>(item % hsplit) * hpi;
+      const int h1 = std::min(H, h0 + hpi);
+      const int64_t sq = seq_of[static_cast<size_t>(t)];
+      const int64_t q_len = cu_q(sq + 1) - cu_q(sq);
+      const int64_t i = t - cu_q(sq);
+      s.slots.clear();
+      if (!paged) {
+        const int32_t* cu_k = p.cu_seqlens_k.ptr<int32_t>();
+        const int64_t k0 = cu_k[sq * p.cu_seqlens_k.stride[0]];
+        const int64_t kv_len = cu_k[(sq + 1) * p.cu_seqlens_k.stride[0]] - k0;
+        const int64_t n = kv_len - q_len + i + 1;
+        for (int64_t j = 0; j < n; ++j) s.slots.push_back(k0 + j);
+      } else {
+        const int64_t kv_len = p.kv_lens.ptr<int32_t>()[sq * p.kv_lens.stride[0]];
+        const int64_t n = kv_len - q_len + i + 1;
+        const int64_t page = p.kv.paged.page_size;
+        const int32_t* bt = p.block_table.ptr<int32_t>() + sq * p.block_table.stride[0];
+        for (int64_t j = 0; j < n; ++j)
+          s.slots.push_back(static_cast<int64_t>(bt[(j / page) * p.block_table.stride[1]]) * page + j % page);
+      }
+      attend_token(src, p.q, p.sm_scale, t, h0, h1, w, s);
+    }
+  });
+  return StatusCode::kOk;
+}
+
+}  // namespace cpu
+}  // namespace dsa
