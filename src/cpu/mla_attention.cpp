@@ -3,7 +3,7 @@
 // Every head of a token attends to the same keys (absorbed MQA form), so the work unit is
 // one token and a range of its heads: its keys are gathered in chunks of kChunk, converted to
 // f32 once per chunk in two layouts (transposed [576][kChunk] for the q·k scores, row-major
-// [kChunk][512] for p·v), and all heads of the range run over the chunk with an online
+// [kChunk][576] for p·v), and all heads of the range run over the chunk with an online
 // softmax in the log2 domain. Dense attention is the same engine with the key list
 // 0 .. L_t - 1 of the token's sequence, so dense and sparse agree bit for bit on equal key
 // lists. Only valid keys are ever read: invalid indices and unused cache slots (NaN) never
@@ -26,8 +26,6 @@ constexpr int kDim = 576;     // [c_kv 512 | k_pe 64]
 constexpr int kVDim = 512;
 constexpr int kChunk = 64;    // keys per converted block
 constexpr int kHeadGroup = 4; // heads per micro-kernel call
-constexpr int kKeyTile = 32;  // keys per score micro-tile
-constexpr int kDimTile = 32;  // value dims per p·v micro-tile
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Where keys come from: a flat [S, 576] tensor (f32 or bf16) or a paged cache.
@@ -97,53 +95,93 @@ struct KeySource {
 // Per-task scratch, reused across the task's work items.
 struct Scratch {
   std::vector<float> key_t;    // [576][kChunk]
-  std::vector<float> key_v;    // [kChunk][512]
-  std::vector<float> key_row;  // [576]
+  std::vector<float> key_rows; // [kChunk][576]
   std::vector<float> q;        // [heads][576], pre-scaled by sm_scale * log2(e)
   std::vector<float> acc;      // [heads][512]
   std::vector<float> score;    // [heads][kChunk]
   std::vector<float> m, l;     // running max (log2 domain) and sum per head
   std::vector<int64_t> slots;  // the token's valid keys
   explicit Scratch(int heads)
-      : key_t(static_cast<size_t>(kDim) * kChunk, 0.f), key_v(static_cast<size_t>(kChunk) * kVDim),
-        key_row(kDim), q(static_cast<size_t>(heads) * kDim), acc(static_cast<size_t>(heads) * kVDim),
+      : key_t(static_cast<size_t>(kDim) * kChunk, 0.f), key_rows(static_cast<size_t>(kChunk) * kDim, 0.f),
+        q(static_cast<size_t>(heads) * kDim), acc(static_cast<size_t>(heads) * kVDim),
         score(static_cast<size_t>(heads) * kChunk), m(heads), l(heads) {}
 };
+
+// The micro-kernels use GCC/Clang vector extensions: with plain arrays GCC interchanges the
+// loops and keeps the accumulators in memory. 16 floats = one AVX-512 register (two AVX2 ones).
+typedef float V16 __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+inline V16 load16(const float* p) {
+  V16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store16(float* p, V16 v) { std::memcpy(p, &v, sizeof(v)); }
 
 // score[h][j] = q[h] · key_t[:, j] for NH heads and all kChunk keys.
 template <int NH>
 void scores_tile(const float* __restrict q, const float* __restrict key_t, float* __restrict score) {
-  for (int j0 = 0; j0 < kChunk; j0 += kKeyTile) {
-    float acc[NH][kKeyTile] = {};
-    for (int d = 0; d < kDim; ++d) {
-      const float* __restrict k = key_t + d * kChunk + j0;
+  static_assert(kChunk == 4 * kLanes, "one register row of accumulators per head");
+  V16 acc[NH][4];
+  for (int h = 0; h < NH; ++h)
+    for (int i = 0; i < 4; ++i) acc[h][i] = V16{};
+  for (int d = 0; d < kDim; ++d) {
+    const float* k = key_t + d * kChunk;
+    const V16 k0 = load16(k), k1 = load16(k + 16), k2 = load16(k + 32), k3 = load16(k + 48);
+    for (int h = 0; h < NH; ++h) {
+      const float qv = q[h * kDim + d];
+      acc[h][0] += qv * k0;
+      acc[h][1] += qv * k1;
+      acc[h][2] += qv * k2;
+      acc[h][3] += qv * k3;
+    }
+  }
+  for (int h = 0; h < NH; ++h)
+    for (int i = 0; i < 4; ++i) store16(score + h * kChunk + i * kLanes, acc[h][i]);
+}
+
+// acc[h][:] += Σ_{j < n} p[h][j] · key_rows[j][0:512] for NH heads.
+template <int NH>
+void values_tile(const float* __restrict p, const float* __restrict key_rows, int n, float* __restrict acc) {
+  static_assert(kVDim % (4 * kLanes) == 0, "value dims in tiles of 64");
+  for (int d0 = 0; d0 < kVDim; d0 += 4 * kLanes) {
+    V16 a[NH][4];
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < 4; ++i) a[h][i] = load16(acc + h * kVDim + d0 + i * kLanes);
+    for (int j = 0; j < n; ++j) {
+      const float* v = key_rows + j * kDim + d0;
+      const V16 v0 = load16(v), v1 = load16(v + 16), v2 = load16(v + 32), v3 = load16(v + 48);
       for (int h = 0; h < NH; ++h) {
-        const float qv = q[h * kDim + d];
-        for (int j = 0; j < kKeyTile; ++j) acc[h][j] += qv * k[j];
+        const float pj = p[h * kChunk + j];
+        a[h][0] += pj * v0;
+        a[h][1] += pj * v1;
+        a[h][2] += pj * v2;
+        a[h][3] += pj * v3;
       }
     }
     for (int h = 0; h < NH; ++h)
-      for (int j = 0; j < kKeyTile; ++j) score[h * kChunk + j0 + j] = acc[h][j];
+      for (int i = 0; i < 4; ++i) store16(acc + h * kVDim + d0 + i * kLanes, a[h][i]);
   }
 }
 
-// acc[h][:] += Σ_{j < n} p[h][j] · key_v[j][:] for NH heads.
-template <int NH>
-void values_tile(const float* __restrict p, const float* __restrict key_v, int n, float* __restrict acc) {
-  for (int d0 = 0; d0 < kVDim; d0 += kDimTile) {
-    float a[NH][kDimTile];
-    for (int h = 0; h < NH; ++h)
-      for (int d = 0; d < kDimTile; ++d) a[h][d] = acc[h * kVDim + d0 + d];
-    for (int j = 0; j < n; ++j) {
-      const float* __restrict v = key_v + j * kVDim + d0;
-      for (int h = 0; h < NH; ++h) {
-        const float pj = p[h * kChunk + j];
-        for (int d = 0; d < kDimTile; ++d) a[h][d] += pj * v[d];
-      }
-    }
-    for (int h = 0; h < NH; ++h)
-      for (int d = 0; d < kDimTile; ++d) acc[h * kVDim + d0 + d] = a[h][d];
-  }
+// 2^x for x <= 0 (x = -inf gives 0), to about 1 ulp, in plain arithmetic so that loops over
+// it vectorise (libm's exp2f does not): x = n + f with n = round(x), |f| <= 1/2, and 2^f by
+// its Taylor series to degree 7 (truncation error < 6e-9).
+inline float exp2_nonpositive(float x) {
+  x = x < -127.f ? -127.f : x;
+  const float n = std::nearbyint(x);
+  const float f = (x - n) * 0.6931471805599453f;
+  float p = 1.f / 5040.f + f * (1.f / 40320.f);
+  p = 1.f / 720.f + f * p;
+  p = 1.f / 120.f + f * p;
+  p = 1.f / 24.f + f * p;
+  p = 1.f / 6.f + f * p;
+  p = 0.5f + f * p;
+  p = 1.f + f * p;
+  p = 1.f + f * p;
+  const float scale = bits_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+  return x < -126.f ? 0.f : p * scale;
 }
 
 template <int NH>
@@ -152,18 +190,28 @@ void group_chunk(Scratch& s, int h, int n) {
   scores_tile<NH>(s.q.data() + static_cast<size_t>(h) * kDim, s.key_t.data(), score);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int hh = 0; hh < NH; ++hh) {
-    float* sc = score + hh * kChunk;
+    float* __restrict sc = score + hh * kChunk;
+    // Mask the padding columns before anything reads them.
+    for (int j = n; j < kChunk; ++j) sc[j] = neg_inf;
+    float lane_max[kLanes];
+    for (int l = 0; l < kLanes; ++l) lane_max[l] = neg_inf;
+    for (int j0 = 0; j0 < kChunk; j0 += kLanes)
+      for (int l = 0; l < kLanes; ++l) lane_max[l] = sc[j0 + l] > lane_max[l] ? sc[j0 + l] : lane_max[l];
     float mx = neg_inf;
-    for (int j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
+    for (int l = 0; l < kLanes; ++l) mx = std::max(mx, lane_max[l]);
     const float m_old = s.m[h + hh];
     const float m_new = std::max(m_old, mx);
     // m_old = -inf on the first chunk: alpha = 0 and acc (zero) stays zero.
-    const float alpha = std::exp2(m_old - m_new);
+    const float alpha = exp2_nonpositive(m_old - m_new);
+    float lane_sum[kLanes] = {};
+    for (int j0 = 0; j0 < kChunk; j0 += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float pj = exp2_nonpositive(sc[j0 + l] - m_new);
+        sc[j0 + l] = pj;
+        lane_sum[l] += pj;
+      }
     float sum = 0.f;
-    for (int j = 0; j < n; ++j) {
-      sc[j] = std::exp2(sc[j] - m_new);
-      sum += sc[j];
-    }
+    for (int l = 0; l < kLanes; ++l) sum += lane_sum[l];
     s.m[h + hh] = m_new;
     s.l[h + hh] = s.l[h + hh] * alpha + sum;
     if (alpha != 1.f) {
@@ -171,7 +219,7 @@ void group_chunk(Scratch& s, int h, int n) {
       for (int d = 0; d < kVDim; ++d) a[d] *= alpha;
     }
   }
-  values_tile<NH>(score, s.key_v.data(), n, s.acc.data() + static_cast<size_t>(h) * kVDim);
+  values_tile<NH>(score, s.key_rows.data(), n, s.acc.data() + static_cast<size_t>(h) * kVDim);
 }
 
 struct OutputWriter {
@@ -203,16 +251,16 @@ void attend_token(const KeySource& src, const TensorDesc& q, float sm_scale, int
   for (int64_t c0 = 0; c0 < total; c0 += kChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, total - c0));
     float* kt = s.key_t.data();
-    for (int j = 0; j < n; ++j) {
-      float* row = s.key_row.data();
-      src.load(s.slots[static_cast<size_t>(c0 + j)], row);
-      std::memcpy(s.key_v.data() + static_cast<size_t>(j) * kVDim, row, kVDim * 4);
-      for (int d = 0; d < kDim; ++d) kt[d * kChunk + j] = row[d];
-    }
-    // Columns past n are zeroed (no stale NaN or denormals): their scores are computed by
-    // the fixed-width tile but never read.
-    if (n < kChunk) {
-      for (int d = 0; d < kDim; ++d) std::fill(kt + d * kChunk + n, kt + (d + 1) * kChunk, 0.f);
+    float* rows = s.key_rows.data();
+    for (int j = 0; j < n; ++j) src.load(s.slots[static_cast<size_t>(c0 + j)], rows + static_cast<size_t>(j) * kDim);
+    // Rows past n are zeroed (no stale NaN or denormals): the fixed-width score tile
+    // computes their scores, which are never read.
+    if (n < kChunk) std::fill(rows + static_cast<size_t>(n) * kDim, rows + static_cast<size_t>(kChunk) * kDim, 0.f);
+    // Transpose 16 keys at a time, so each store stream stays within one cache line.
+    for (int j0 = 0; j0 < kChunk; j0 += kLanes) {
+      const float* r = rows + static_cast<size_t>(j0) * kDim;
+      for (int d = 0; d < kDim; ++d)
+        for (int j = 0; j < kLanes; ++j) kt[d * kChunk + j0 + j] = r[j * kDim + d];
     }
     int h = 0;
     for (; h + kHeadGroup <= nh; h += kHeadGroup) group_chunk<kHeadGroup>(s, h, n);
