@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/cpu_ops.h"
@@ -119,14 +120,21 @@ inline V16 load16(const float* p) {
 }
 inline void store16(float* p, V16 v) { std::memcpy(p, &v, sizeof(v)); }
 
-// score[h][j] = q[h] · key_t[:, j] for NH heads and all kChunk keys.
+// Both micro-kernels work on one slice of kSlice dims, so that the slice of the key block
+// (kSlice x kChunk floats = 16 KiB) stays in L1 while every head group passes over it; the
+// accumulators go through memory between slices, which keeps each element's summation order
+// (dims ascending, keys ascending) independent of the grouping.
+constexpr int kSlice = 64;
+static_assert(kDim % kSlice == 0 && kVDim % kSlice == 0, "dims in slices of 64");
+
+// score[h][0:kChunk] += q[h][0:kSlice] · key_t[0:kSlice][0:kChunk] for NH heads.
 template <int NH>
-void scores_tile(const float* __restrict q, const float* __restrict key_t, float* __restrict score) {
+void scores_slice(const float* __restrict q, const float* __restrict key_t, float* __restrict score) {
   static_assert(kChunk == 4 * kLanes, "one register row of accumulators per head");
   V16 acc[NH][4];
   for (int h = 0; h < NH; ++h)
-    for (int i = 0; i < 4; ++i) acc[h][i] = V16{};
-  for (int d = 0; d < kDim; ++d) {
+    for (int i = 0; i < 4; ++i) acc[h][i] = load16(score + h * kChunk + i * kLanes);
+  for (int d = 0; d < kSlice; ++d) {
     const float* k = key_t + d * kChunk;
     const V16 k0 = load16(k), k1 = load16(k + 16), k2 = load16(k + 32), k3 = load16(k + 48);
     for (int h = 0; h < NH; ++h) {
@@ -141,27 +149,38 @@ void scores_tile(const float* __restrict q, const float* __restrict key_t, float
     for (int i = 0; i < 4; ++i) store16(score + h * kChunk + i * kLanes, acc[h][i]);
 }
 
-// acc[h][:] += Σ_{j < n} p[h][j] · key_rows[j][0:512] for NH heads.
+// acc[h][0:kSlice] += Σ_{j < n} p[h][j] · key_rows[j][0:kSlice] for NH heads.
 template <int NH>
-void values_tile(const float* __restrict p, const float* __restrict key_rows, int n, float* __restrict acc) {
-  static_assert(kVDim % (4 * kLanes) == 0, "value dims in tiles of 64");
-  for (int d0 = 0; d0 < kVDim; d0 += 4 * kLanes) {
-    V16 a[NH][4];
-    for (int h = 0; h < NH; ++h)
-      for (int i = 0; i < 4; ++i) a[h][i] = load16(acc + h * kVDim + d0 + i * kLanes);
-    for (int j = 0; j < n; ++j) {
-      const float* v = key_rows + j * kDim + d0;
-      const V16 v0 = load16(v), v1 = load16(v + 16), v2 = load16(v + 32), v3 = load16(v + 48);
-      for (int h = 0; h < NH; ++h) {
-        const float pj = p[h * kChunk + j];
-        a[h][0] += pj * v0;
-        a[h][1] += pj * v1;
-        a[h][2] += pj * v2;
-        a[h][3] += pj * v3;
-      }
+void values_slice(const float* __restrict p, const float* __restrict key_rows, int n, float* __restrict acc) {
+  static_assert(kSlice == 4 * kLanes, "four registers per head");
+  V16 a[NH][4];
+  for (int h = 0; h < NH; ++h)
+    for (int i = 0; i < 4; ++i) a[h][i] = load16(acc + h * kVDim + i * kLanes);
+  for (int j = 0; j < n; ++j) {
+    const float* v = key_rows + j * kDim;
+    const V16 v0 = load16(v), v1 = load16(v + 16), v2 = load16(v + 32), v3 = load16(v + 48);
+    for (int h = 0; h < NH; ++h) {
+      const float pj = p[h * kChunk + j];
+      a[h][0] += pj * v0;
+      a[h][1] += pj * v1;
+      a[h][2] += pj * v2;
+      a[h][3] += pj * v3;
     }
-    for (int h = 0; h < NH; ++h)
-      for (int i = 0; i < 4; ++i) store16(acc + h * kVDim + d0 + i * kLanes, a[h][i]);
+  }
+  for (int h = 0; h < NH; ++h)
+    for (int i = 0; i < 4; ++i) store16(acc + h * kVDim + i * kLanes, a[h][i]);
+}
+
+// Calls f(integral_constant<int, NH>, h) for heads [0, nh) in groups of (up to) kHeadGroup.
+template <typename F>
+void for_head_groups(int nh, F&& f) {
+  int h = 0;
+  for (; h + kHeadGroup <= nh; h += kHeadGroup) f(std::integral_constant<int, kHeadGroup>{}, h);
+  switch (nh - h) {
+    case 3: f(std::integral_constant<int, 3>{}, h); break;
+    case 2: f(std::integral_constant<int, 2>{}, h); break;
+    case 1: f(std::integral_constant<int, 1>{}, h); break;
+    default: break;
   }
 }
 
@@ -184,42 +203,38 @@ inline float exp2_nonpositive(float x) {
   return x < -126.f ? 0.f : p * scale;
 }
 
-template <int NH>
-void group_chunk(Scratch& s, int h, int n) {
-  float* score = s.score.data() + static_cast<size_t>(h) * kChunk;
-  scores_tile<NH>(s.q.data() + static_cast<size_t>(h) * kDim, s.key_t.data(), score);
+// Online softmax update of head h for a chunk of n valid keys: turns score[h] into weights,
+// rescales the head's running sum and accumulator.
+void softmax_chunk(Scratch& s, int h, int n) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int hh = 0; hh < NH; ++hh) {
-    float* __restrict sc = score + hh * kChunk;
-    // Mask the padding columns before anything reads them.
-    for (int j = n; j < kChunk; ++j) sc[j] = neg_inf;
-    float lane_max[kLanes];
-    for (int l = 0; l < kLanes; ++l) lane_max[l] = neg_inf;
-    for (int j0 = 0; j0 < kChunk; j0 += kLanes)
-      for (int l = 0; l < kLanes; ++l) lane_max[l] = sc[j0 + l] > lane_max[l] ? sc[j0 + l] : lane_max[l];
-    float mx = neg_inf;
-    for (int l = 0; l < kLanes; ++l) mx = std::max(mx, lane_max[l]);
-    const float m_old = s.m[h + hh];
-    const float m_new = std::max(m_old, mx);
-    // m_old = -inf on the first chunk: alpha = 0 and acc (zero) stays zero.
-    const float alpha = exp2_nonpositive(m_old - m_new);
-    float lane_sum[kLanes] = {};
-    for (int j0 = 0; j0 < kChunk; j0 += kLanes)
-      for (int l = 0; l < kLanes; ++l) {
-        const float pj = exp2_nonpositive(sc[j0 + l] - m_new);
-        sc[j0 + l] = pj;
-        lane_sum[l] += pj;
-      }
-    float sum = 0.f;
-    for (int l = 0; l < kLanes; ++l) sum += lane_sum[l];
-    s.m[h + hh] = m_new;
-    s.l[h + hh] = s.l[h + hh] * alpha + sum;
-    if (alpha != 1.f) {
-      float* a = s.acc.data() + static_cast<size_t>(h + hh) * kVDim;
-      for (int d = 0; d < kVDim; ++d) a[d] *= alpha;
+  float* __restrict sc = s.score.data() + static_cast<size_t>(h) * kChunk;
+  // Mask the padding columns before anything reads them.
+  for (int j = n; j < kChunk; ++j) sc[j] = neg_inf;
+  float lane_max[kLanes];
+  for (int l = 0; l < kLanes; ++l) lane_max[l] = neg_inf;
+  for (int j0 = 0; j0 < kChunk; j0 += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane_max[l] = sc[j0 + l] > lane_max[l] ? sc[j0 + l] : lane_max[l];
+  float mx = neg_inf;
+  for (int l = 0; l < kLanes; ++l) mx = std::max(mx, lane_max[l]);
+  const float m_old = s.m[h];
+  const float m_new = std::max(m_old, mx);
+  // m_old = -inf on the first chunk: alpha = 0 and acc (zero) stays zero.
+  const float alpha = exp2_nonpositive(m_old - m_new);
+  float lane_sum[kLanes] = {};
+  for (int j0 = 0; j0 < kChunk; j0 += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float pj = exp2_nonpositive(sc[j0 + l] - m_new);
+      sc[j0 + l] = pj;
+      lane_sum[l] += pj;
     }
+  float sum = 0.f;
+  for (int l = 0; l < kLanes; ++l) sum += lane_sum[l];
+  s.m[h] = m_new;
+  s.l[h] = s.l[h] * alpha + sum;
+  if (alpha != 1.f) {
+    float* a = s.acc.data() + static_cast<size_t>(h) * kVDim;
+    for (int d = 0; d < kVDim; ++d) a[d] *= alpha;
   }
-  values_tile<NH>(score, s.key_rows.data(), n, s.acc.data() + static_cast<size_t>(h) * kVDim);
 }
 
 struct OutputWriter {
@@ -262,13 +277,20 @@ void attend_token(const KeySource& src, const TensorDesc& q, float sm_scale, int
       for (int d = 0; d < kDim; ++d)
         for (int j = 0; j < kLanes; ++j) kt[d * kChunk + j0 + j] = r[j * kDim + d];
     }
-    int h = 0;
-    for (; h + kHeadGroup <= nh; h += kHeadGroup) group_chunk<kHeadGroup>(s, h, n);
-    switch (nh - h) {
-      case 3: group_chunk<3>(s, h, n); break;
-      case 2: group_chunk<2>(s, h, n); break;
-      case 1: group_chunk<1>(s, h, n); break;
-      default: break;
+    float* score = s.score.data();
+    std::fill(score, score + static_cast<size_t>(nh) * kChunk, 0.f);
+    for (int d0 = 0; d0 < kDim; d0 += kSlice) {
+      for_head_groups(nh, [&](auto NH, int h) {
+        scores_slice<decltype(NH)::value>(s.q.data() + static_cast<size_t>(h) * kDim + d0, kt + d0 * kChunk,
+                                          score + static_cast<size_t>(h) * kChunk);
+      });
+    }
+    for (int h = 0; h < nh; ++h) softmax_chunk(s, h, n);
+    for (int d0 = 0; d0 < kVDim; d0 += kSlice) {
+      for_head_groups(nh, [&](auto NH, int h) {
+        values_slice<decltype(NH)::value>(score + static_cast<size_t>(h) * kChunk, rows + d0, n,
+                                          s.acc.data() + static_cast<size_t>(h) * kVDim + d0);
+      });
     }
   }
 
