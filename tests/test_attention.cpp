@@ -174,10 +174,6 @@ void expect_close(const Outputs& o, const oracle::MlaResult& ref, const Tol& tol
   EXPECT_TRUE(o.lse.intact()) << what << ": wrote outside lse";
 }
 
-// Indices for T rows of K: `valid` draws from used slots, the rest from invalid candidates
-// and, past topk_length, from unused (NaN) slots too.
-const int32_t kInvalid[] = {INT_MIN, -2, -1};
-
 struct SparseCase {
   int64_t T = 4, H = 3, K = 40;
   bool q_f32 = false, out_f32 = false;
@@ -345,6 +341,55 @@ TEST(SparseMla, FlatRowStride) {
   kv.flat.stride[0] = stride;
   DSA_ASSERT_OK(run_sparse(q, kv, r, c.K, o));
   expect_close(o, oracle::sparse_mla(q.exact, c.T, c.H, keys, S, r.idx, c.K, {}, {}, kScale), Tol{}, "strided flat");
+}
+
+TEST(SparseMla, StridedQueriesAndOutputs) {
+  // q, out and lse with padded token/head strides; the padding must stay untouched.
+  Rng rng(7);
+  Cache cache(false, 2, 64);
+  std::vector<int64_t> used, unused;
+  fill_cache(rng, cache, 0.8, &used, &unused);
+  SparseCase c;
+  c.T = 3;
+  c.H = 5;
+  c.K = 50;
+  Queries q(rng, c.T, c.H, true);
+  const int64_t qh = D + 8, qt = c.H * qh + 16, oh = DV + 16, ot = c.H * oh + 32, lh = 3, lt = c.H * lh + 1;
+  std::vector<float> qs(static_cast<size_t>(c.T * qt), std::nanf(""));
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t d = 0; d < D; ++d) qs[static_cast<size_t>(t * qt + h * qh + d)] = q.f[static_cast<size_t>((t * c.H + h) * D + d)];
+  std::vector<float> out(static_cast<size_t>(c.T * ot), -3.f), lse(static_cast<size_t>(c.T * lt), -3.f);
+  SparseRun r = make_indices(rng, c, cache.slots(), used, unused);
+  SparseMlaParams p;
+  p.q = dsa_test::t_f32(qs.data(), {c.T, c.H, D});
+  p.q.stride[0] = qt;
+  p.q.stride[1] = qh;
+  p.kv.paged = cache.desc();
+  p.indices = dsa_test::t_i32(r.idx.data(), {c.T, c.K});
+  p.sm_scale = kScale;
+  p.out = dsa_test::t_f32(out.data(), {c.T, c.H, DV});
+  p.out.stride[0] = ot;
+  p.out.stride[1] = oh;
+  p.lse = dsa_test::t_f32(lse.data(), {c.T, c.H});
+  p.lse.stride[0] = lt;
+  p.lse.stride[1] = lh;
+  DSA_ASSERT_OK(sparse_mla(p));
+  Outputs o(c.T, c.H, true);
+  std::vector<bool> written_out(out.size(), false), written_lse(lse.size(), false);
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int64_t h = 0; h < c.H; ++h) {
+      o.lse.as<float>()[t * c.H + h] = lse[static_cast<size_t>(t * lt + h * lh)];
+      written_lse[static_cast<size_t>(t * lt + h * lh)] = true;
+      for (int64_t d = 0; d < DV; ++d) {
+        o.out.as<float>()[(t * c.H + h) * DV + d] = out[static_cast<size_t>(t * ot + h * oh + d)];
+        written_out[static_cast<size_t>(t * ot + h * oh + d)] = true;
+      }
+    }
+  for (size_t i = 0; i < out.size(); ++i) if (!written_out[i]) ASSERT_EQ(out[i], -3.f) << "padding of out at " << i;
+  for (size_t i = 0; i < lse.size(); ++i) if (!written_lse[i]) ASSERT_EQ(lse[i], -3.f) << "padding of lse at " << i;
+  expect_close(o, oracle::sparse_mla(q.exact, c.T, c.H, cache.decoded(), cache.slots(), r.idx, c.K, {}, {}, kScale),
+               Tol{}, "strided");
 }
 
 TEST(SparseMla, PagedBf16Page64ManyChunks) {

@@ -110,6 +110,11 @@ struct Scratch {
 
 // The micro-kernels use GCC/Clang vector extensions: with plain arrays GCC interchanges the
 // loops and keeps the accumulators in memory. 16 floats = one AVX-512 register (two AVX2 ones).
+#if defined(__GNUC__) && !defined(__clang__)
+// Without AVX-512 GCC warns that passing 64-byte vectors changes the ABI; these helpers are
+// internal and inlined, so no ABI is involved.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 typedef float V16 __attribute__((vector_size(64)));
 constexpr int kLanes = 16;
 
