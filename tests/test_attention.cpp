@@ -413,6 +413,40 @@ TEST(SparseMla, PagedFp8TightAndLoose) {
   sparse_paged_case(32, true, 16, 20, c);
 }
 
+TEST(SparseMla, Fp8DecodesEveryCode) {
+  // Tokens whose c_kv bytes run through every finite e4m3 code (both signs, subnormals,
+  // zero), with non-power-of-two and tiny scales.
+  Rng rng(33);
+  Cache cache(true, 1, 8);
+  for (int64_t s = 0; s < 8; ++s) {
+    uint8_t* tok = cache.token(s);
+    for (int i = 0; i < 512; ++i) {
+      const uint8_t code = static_cast<uint8_t>((i + 37 * s) & 0xff);
+      tok[i] = (code & 0x7f) == 0x7f ? 0 : code;
+    }
+    const float scales[4] = {1.f / 64, 0.75f / 256, 1.f / 1024, 3.f / 4096};
+    std::memcpy(tok + kMlaFp8ScaleOffset, scales, sizeof(scales));
+    for (int d = 0; d < 64; ++d) {
+      uint16_t v = float_to_bf16(rng.normal());
+      std::memcpy(tok + kMlaFp8RopeOffset + 2 * d, &v, 2);
+    }
+  }
+  SparseCase c;
+  c.T = 4;
+  c.H = 3;
+  c.K = 8;
+  Queries q(rng, c.T, c.H, false);
+  SparseRun r;
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int64_t k = 0; k < c.K; ++k) r.idx.push_back(static_cast<int32_t>((k + t) % 8));
+  Outputs o(c.T, c.H, true);
+  MlaKv kv;
+  kv.paged = cache.desc();
+  DSA_ASSERT_OK(run_sparse(q, kv, r, c.K, o));
+  expect_close(o, oracle::sparse_mla(q.exact, c.T, c.H, cache.decoded(), cache.slots(), r.idx, c.K, {}, {}, kScale),
+               Tol{}, "every e4m3 code");
+}
+
 TEST(SparseMla, PageSizesAndBlockPadding) {
   SparseCase c;
   c.T = 4;

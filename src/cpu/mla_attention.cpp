@@ -29,6 +29,49 @@ constexpr int kChunk = 64;    // keys per converted block
 constexpr int kHeadGroup = 4; // heads per micro-kernel call
 constexpr float kLog2e = 1.4426950408889634f;
 
+// The micro-kernels use GCC/Clang vector extensions: with plain arrays GCC interchanges the
+// loops and keeps the accumulators in memory. 16 floats = one AVX-512 register (two AVX2 ones).
+#if defined(__GNUC__) && !defined(__clang__)
+// Without AVX-512 GCC warns that passing 64-byte vectors changes the ABI; these helpers are
+// internal and inlined, so no ABI is involved.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+typedef float V16 __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+inline V16 load16(const float* p) {
+  V16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store16(float* p, V16 v) { std::memcpy(p, &v, sizeof(v)); }
+typedef uint32_t U16 __attribute__((vector_size(64)));
+typedef uint8_t B16 __attribute__((vector_size(16)));
+
+// 16 E4M3fn codes to floats times `scale`, by bit arithmetic on whole vectors (the values
+// of dsa::e4m3_to_float): normal codes place exponent and mantissa into f32 bits,
+// subnormals are man * 2^-9, 0x7f/0xff are NaN.
+inline void e4m3x16_to_float(const uint8_t* src, float scale, float* dst) {
+  B16 b;
+  std::memcpy(&b, src, sizeof(b));
+  const U16 v = __builtin_convertvector(b, U16);
+  const U16 sign = (v & 0x80u) << 24;
+  const U16 exp = (v >> 3) & 0xfu, man = v & 0x7u;
+  const U16 normal = sign | ((exp + 120u) << 23) | (man << 20);
+  const V16 sub_f = __builtin_convertvector(man, V16) * 0.001953125f;
+  U16 sub;
+  std::memcpy(&sub, &sub_f, sizeof(sub));
+  sub |= sign;
+  const U16 nan = sign | 0x7fc00000u;
+  const U16 is_sub = (U16)(exp == 0u);  // comparisons give all-ones lanes
+  const U16 is_nan = (U16)((v & 0x7fu) == 0x7fu);
+  U16 bits = (normal & ~is_sub) | (sub & is_sub);
+  bits = (bits & ~is_nan) | (nan & is_nan);
+  V16 f;
+  std::memcpy(&f, &bits, sizeof(f));
+  store16(dst, f * scale);
+}
+
 // Where keys come from: a flat [S, 576] tensor (f32 or bf16) or a paged cache.
 struct KeySource {
   const uint8_t* base = nullptr;
@@ -39,7 +82,6 @@ struct KeySource {
   int64_t page_size = 1;
   int64_t block_bytes = 0;
   int64_t token_bytes = 0;
-  float e4m3_lut[256];
 
   explicit KeySource(const MlaKv& kv) {
     if (kv.flat.present()) {
@@ -54,7 +96,17 @@ struct KeySource {
       block_bytes = kv.paged.block_bytes();
       token_bytes = kv.paged.token_bytes();
     }
-    for (int i = 0; i < 256; ++i) e4m3_lut[i] = e4m3_to_float(static_cast<uint8_t>(i));
+  }
+
+  const uint8_t* address(int64_t slot) const {
+    if (!paged) return base + slot * flat_row_stride * static_cast<int64_t>(dtype_size(flat_dtype));
+    return base + (slot / page_size) * block_bytes + (slot % page_size) * token_bytes;
+  }
+  // Sparse keys are scattered over the whole cache: fetch a key's lines ahead of its use.
+  void prefetch(int64_t slot) const {
+    const uint8_t* a = address(slot);
+    const int64_t bytes = paged ? token_bytes : kDim * static_cast<int64_t>(dtype_size(flat_dtype));
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(a + off);
   }
 
   // Decodes key `slot` (row of the flat tensor, or cache slot) into dst[576].
@@ -81,7 +133,7 @@ struct KeySource {
       const uint8_t* q8 = tok + tile * kMlaFp8TileSize;
       float* o = dst + tile * kMlaFp8TileSize;
       const float s = scale[tile];
-      for (int i = 0; i < kMlaFp8TileSize; ++i) o[i] = e4m3_lut[q8[i]] * s;
+      for (int i = 0; i < kMlaFp8TileSize; i += kLanes) e4m3x16_to_float(q8 + i, s, o + i);
     }
     uint16_t rope[kDim - kVDim];
     std::memcpy(rope, tok + kMlaFp8RopeOffset, sizeof(rope));
@@ -107,23 +159,6 @@ struct Scratch {
         q(static_cast<size_t>(heads) * kDim), acc(static_cast<size_t>(heads) * kVDim),
         score(static_cast<size_t>(heads) * kChunk), m(heads), l(heads) {}
 };
-
-// The micro-kernels use GCC/Clang vector extensions: with plain arrays GCC interchanges the
-// loops and keeps the accumulators in memory. 16 floats = one AVX-512 register (two AVX2 ones).
-#if defined(__GNUC__) && !defined(__clang__)
-// Without AVX-512 GCC warns that passing 64-byte vectors changes the ABI; these helpers are
-// internal and inlined, so no ABI is involved.
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-typedef float V16 __attribute__((vector_size(64)));
-constexpr int kLanes = 16;
-
-inline V16 load16(const float* p) {
-  V16 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void store16(float* p, V16 v) { std::memcpy(p, &v, sizeof(v)); }
 
 // Both micro-kernels work on one slice of kSlice dims, so that the slice of the key block
 // (kSlice x kChunk floats = 16 KiB) stays in L1 while every head group passes over it; the
@@ -272,7 +307,11 @@ void attend_token(const KeySource& src, const TensorDesc& q, float sm_scale, int
     const int n = static_cast<int>(std::min<int64_t>(kChunk, total - c0));
     float* kt = s.key_t.data();
     float* rows = s.key_rows.data();
-    for (int j = 0; j < n; ++j) src.load(s.slots[static_cast<size_t>(c0 + j)], rows + static_cast<size_t>(j) * kDim);
+    constexpr int kAhead = 8;
+    for (int j = 0; j < n; ++j) {
+      if (c0 + j + kAhead < total) src.prefetch(s.slots[static_cast<size_t>(c0 + j + kAhead)]);
+      src.load(s.slots[static_cast<size_t>(c0 + j)], rows + static_cast<size_t>(j) * kDim);
+    }
     // Rows past n are zeroed (no stale NaN or denormals): the fixed-width score tile
     // computes their scores, which are never read.
     if (n < kChunk) std::fill(rows + static_cast<size_t>(n) * kDim, rows + static_cast<size_t>(kChunk) * kDim, 0.f);
