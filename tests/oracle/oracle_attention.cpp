@@ -1,26 +1,12 @@
 #include "oracle/oracle_attention.h"
 
+#include "oracle/oracle_numerics.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 namespace oracle {
-
-double e4m3_value(uint8_t v) {
-  const int sign = v >> 7, exp = (v >> 3) & 15, man = v & 7;
-  double mag;
-  if (exp == 15 && man == 7) mag = std::numeric_limits<double>::quiet_NaN();
-  else if (exp == 0) mag = std::ldexp(man / 8.0, -6);
-  else mag = std::ldexp(1.0 + man / 8.0, exp - 7);
-  return sign ? -mag : mag;
-}
-
-double bf16_value(uint16_t v) {
-  uint32_t u = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 std::vector<double> decode_mla_cache(const void* data, bool fp8, int64_t num_blocks,
                                      int64_t page_size, int64_t block_stride_bytes) {

@@ -4,14 +4,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "oracle/oracle_numerics.h"
+
 namespace oracle {
 
 constexpr int kMlaDim = 576;
 constexpr int kMlaVDim = 512;
 
-// E4M3 "fn" decoding straight from the format definition.
-double e4m3_value(uint8_t v);
-double bf16_value(uint16_t v);
+// Format decoding (e4m3_value, bf16_value) comes from oracle/oracle_numerics.h.
 
 // Every slot of a paged MLA cache as doubles: [num_blocks * page_size][576].
 // fp8 = false: BF16 layout (1152 B/token); true: FP8 layout (656 B/token).
