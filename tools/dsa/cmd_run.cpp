@@ -338,7 +338,8 @@ int cmd_run(int argc, char** argv) {
     }
     const char* verdict = !r.error.empty() ? "ERROR" : (call_failed ? "-" : (c.passed ? "ok" : "FAIL"));
     std::printf("%-20s %10.2f  %-6s %s", r.name.c_str(), r.ms, verdict, r.what.c_str());
-    if (!call_failed) std::printf("; %d rows checked, max err/tol %.2f", c.rows, c.worst);
+    if (!call_failed && c.worst == 0) std::printf("; %d rows checked, exact", c.rows);
+    else if (!call_failed) std::printf("; %d rows checked, max err/tol %.2f", c.rows, c.worst);
     std::printf("\n");
     if (!r.error.empty()) std::printf("    error: %s\n", r.error.c_str());
     if (!c.detail.empty()) std::printf("    mismatch: %s\n", c.detail.c_str());
