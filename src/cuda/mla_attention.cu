@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/cuda_common.cuh"
@@ -113,12 +114,28 @@ int kv_kind(const MlaKv& kv) {
   return kv.paged.dtype == MlaCacheDtype::kFP8 ? mla::kPagedFp8 : mla::kPagedBf16;
 }
 
-template <class Kernel>
-StatusCode launch_tiles(Kernel kernel, const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
-  // Opting in to the large shared-memory carve-out is a property of the function, set once
-  // per kernel; it is not a stream operation, so graph capture is unaffected.
+using TileKernel = void (*)(Problem);
+
+// Opting in to the large shared-memory carve-out is a property of the function, set on first
+// use of each kernel (per process; the value never changes, so a race only repeats it). It is
+// not a stream operation, so graph capture is unaffected.
+template <bool kDense, int kKv>
+bool smem_opt_in(TileKernel kernel) {
+  static std::atomic<bool> done{false};
+  if (done.load(std::memory_order_acquire)) return true;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mla::kSmemBytes) != cudaSuccess)
+    return false;
+  done.store(true, std::memory_order_release);
+  return true;
+}
+
+template <bool kDense, int kKv>
+StatusCode launch_tiles(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
+  const TileKernel kernel = kDense ? mla::dense_mla_kernel<kKv> : mla::sparse_mla_kernel<kKv>;
+  if (!smem_opt_in<kDense, kKv>(kernel)) {
+    cudaGetLastError();
     return StatusCode::kDeviceError;
+  }
   const dim3 grid(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.splits));
   kernel<<<grid, mla::kThreads, mla::kSmemBytes, stream>>>(pr);
   if (plan.splits > 1) {
@@ -175,9 +192,9 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
   attach_workspace(pr, plan, p.workspace);
   const cudaStream_t stream = as_stream(p.stream);
   switch (kv_kind(p.kv)) {
-    case mla::kFlatBf16: return launch_tiles(mla::sparse_mla_kernel<mla::kFlatBf16>, pr, plan, stream);
-    case mla::kPagedBf16: return launch_tiles(mla::sparse_mla_kernel<mla::kPagedBf16>, pr, plan, stream);
-    default: return launch_tiles(mla::sparse_mla_kernel<mla::kPagedFp8>, pr, plan, stream);
+    case mla::kFlatBf16: return launch_tiles<false, mla::kFlatBf16>(pr, plan, stream);
+    case mla::kPagedBf16: return launch_tiles<false, mla::kPagedBf16>(pr, plan, stream);
+    default: return launch_tiles<false, mla::kPagedFp8>(pr, plan, stream);
   }
 }
 
@@ -206,9 +223,9 @@ StatusCode dense_mla(const DenseMlaParams& p) {
   attach_workspace(pr, plan, p.workspace);
   const cudaStream_t stream = as_stream(p.stream);
   switch (kv_kind(p.kv)) {
-    case mla::kFlatBf16: return launch_tiles(mla::dense_mla_kernel<mla::kFlatBf16>, pr, plan, stream);
-    case mla::kPagedBf16: return launch_tiles(mla::dense_mla_kernel<mla::kPagedBf16>, pr, plan, stream);
-    default: return launch_tiles(mla::dense_mla_kernel<mla::kPagedFp8>, pr, plan, stream);
+    case mla::kFlatBf16: return launch_tiles<true, mla::kFlatBf16>(pr, plan, stream);
+    case mla::kPagedBf16: return launch_tiles<true, mla::kPagedBf16>(pr, plan, stream);
+    default: return launch_tiles<true, mla::kPagedFp8>(pr, plan, stream);
   }
 }
 

@@ -359,23 +359,24 @@ __device__ __forceinline__ void attend_tile(const Problem& p) {
   float m_run[2] = {-INFINITY, -INFINITY};  // running max of scaled scores (log2 units)
   float l_run[2] = {0.f, 0.f};              // this thread's share of the running sum
 
-  bool row_valid[2] = {false, false};
+  bool next_valid = false;  // whether this thread's key row of the next tile is valid
   if (n_tiles > 0) {
     __syncthreads();  // the FP8 LUT is written before any thread dequantises
     load_q(p, t, h0, nh, sQ);
-    row_valid[0] = load_keys<kKv>(p, keys, begin, end, sKbuf, sValid, sLut);
+    next_valid = load_keys<kKv>(p, keys, begin, end, sKbuf, sValid, sLut);
   }
   cp_async_commit();
 
   for (int32_t it = 0; it < n_tiles; ++it) {
     const int buf = it & 1;
+    const bool cur_valid = next_valid;
     if (it + 1 < n_tiles)
-      row_valid[buf ^ 1] = load_keys<kKv>(p, keys, begin + (it + 1) * kTileKeys, end,
-                                          sKbuf + (buf ^ 1) * kKBytes, sValid + (buf ^ 1) * kTileKeys, sLut);
+      next_valid = load_keys<kKv>(p, keys, begin + (it + 1) * kTileKeys, end, sKbuf + (buf ^ 1) * kKBytes,
+                                  sValid + (buf ^ 1) * kTileKeys, sLut);
     cp_async_commit();
     cp_async_wait<1>();
     // Tiles without a valid key (e.g. -1 padding) are skipped by the whole block.
-    if (!__syncthreads_or(row_valid[buf] ? 1 : 0)) continue;
+    if (!__syncthreads_or(cur_valid ? 1 : 0)) continue;
     const uint8_t* sK = sKbuf + buf * kKBytes;
     const int* valid = sValid + buf * kTileKeys;
 
