@@ -117,15 +117,18 @@ int kv_kind(const MlaKv& kv) {
 using TileKernel = void (*)(Problem);
 
 // Opting in to the large shared-memory carve-out is a property of the function, set on first
-// use of each kernel (per process; the value never changes, so a race only repeats it). It is
-// not a stream operation, so graph capture is unaffected.
+// use of each kernel on each device (the value never changes, so a race only repeats it). It
+// is not a stream operation, so graph capture is unaffected.
 template <bool kDense, int kKv>
 bool smem_opt_in(TileKernel kernel) {
-  static std::atomic<bool> done{false};
-  if (done.load(std::memory_order_acquire)) return true;
+  static std::atomic<uint64_t> done_devices{0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit && (done_devices.load(std::memory_order_acquire) & bit)) return true;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mla::kSmemBytes) != cudaSuccess)
     return false;
-  done.store(true, std::memory_order_release);
+  done_devices.fetch_or(bit, std::memory_order_acq_rel);
   return true;
 }
 
