@@ -564,12 +564,18 @@ TEST(GpuSparseMla, PagedFp8AgainstDequantisedAndFp32References) {
   ASSERT_TRUE(gu.status.ok()) << gu.status.to_string();
   unit.value = unit.orig;
   const Ref loose = reference(unit, in.q, sparse_keys(unit, in), {}, all_of(5), all_of(64));
-  double worst = 0.0, worst_lse = 0.0;
-  for (size_t i = 0; i < loose.out.size(); ++i)
-    worst = std::max(worst, std::fabs(gu.out[i] - loose.out[i]) / std::max(loose.out_scale[i], 1e-30));
+  // Bounds from simulating this distribution (worst 0.23, lse 0.19, rms 0.034): about 2x.
+  double worst = 0.0, worst_lse = 0.0, err2 = 0.0, mag2 = 0.0;
+  for (size_t i = 0; i < loose.out.size(); ++i) {
+    const double e = gu.out[i] - loose.out[i];
+    worst = std::max(worst, std::fabs(e) / std::max(loose.out_scale[i], 1e-30));
+    err2 += e * e;
+    mag2 += loose.out_scale[i] * loose.out_scale[i];
+  }
   for (size_t i = 0; i < loose.lse.size(); ++i) worst_lse = std::max(worst_lse, std::fabs(gu.lse[i] - loose.lse[i]));
-  EXPECT_LT(worst, 0.35) << "fp8 output far from the f32 math";
-  EXPECT_LT(worst_lse, 0.25) << "fp8 lse far from the f32 math";
+  EXPECT_LT(std::sqrt(err2 / mag2), 0.08) << "fp8 output far from the f32 math (rms)";
+  EXPECT_LT(worst, 0.5) << "fp8 output far from the f32 math";
+  EXPECT_LT(worst_lse, 0.5) << "fp8 lse far from the f32 math";
 }
 
 TEST(GpuSparseMla, InvalidCandidatesAndEmptyRows) {
