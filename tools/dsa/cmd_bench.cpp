@@ -26,8 +26,8 @@
 
 namespace {
 
-// Ceilings of the H200 the project benchmarks on, measured there (cuBLAS bf16 and fp8 GEMM
-// at large square shapes, device-to-device copy of 4 GiB; see docs/perf.md). Override with
+// Ceilings of the lent H200 as given in the project brief (bf16 GEMM ~780 TFLOP/s, fp8 GEMM
+// ~1420 TFLOP/s, device copy ~4.25 TB/s counting read + write; see docs/perf.md). Override with
 // --bf16-tflops / --fp8-tflops / --copy-tbs on other devices.
 constexpr double kBf16Tflops = 780.0;
 constexpr double kFp8Tflops = 1420.0;
