@@ -270,6 +270,8 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     return Status::Ok();
   };
 
+  // Backend attention scratch against the plan's reservation (the CPU needs none: attention.h).
+  const bool query_ws = dev.type != DeviceType::kCPU;
   auto attn_ws_check = [&](size_t need) -> Status {
     if (static_cast<int64_t>(need) > lay.attn_ws_bytes)
       return internal("attention needs " + num(static_cast<int64_t>(need)) + " bytes of workspace, the plan reserved " +
@@ -280,7 +282,7 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     tp.workspace = ws;
     tp.workspace_bytes = ws_bytes;
     tp.stream = p.stream;
-    if (topk_workspace_size(tp) > ws_bytes)
+    if (query_ws && topk_workspace_size(tp) > ws_bytes)
       return internal("top-k needs " + num(static_cast<int64_t>(topk_workspace_size(tp))) + " bytes of scratch, the layout holds " +
                       num(static_cast<int64_t>(ws_bytes)));
     return topk(tp);
@@ -298,7 +300,7 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     sp.workspace = lay.attn_ws;
     sp.workspace_bytes = static_cast<size_t>(lay.attn_ws_bytes);
     sp.stream = p.stream;
-    Status s = attn_ws_check(sparse_mla_workspace_size(sp));
+    Status s = query_ws ? attn_ws_check(sparse_mla_workspace_size(sp)) : Status::Ok();
     if (s.ok()) s = sparse_mla(sp);
     rep.ms_sparse += ms_since(ts);
     return s;
@@ -372,7 +374,7 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     dp.workspace = lay.attn_ws;
     dp.workspace_bytes = static_cast<size_t>(lay.attn_ws_bytes);
     dp.stream = p.stream;
-    s = attn_ws_check(dense_mla_workspace_size(dp));
+    s = query_ws ? attn_ws_check(dense_mla_workspace_size(dp)) : Status::Ok();
     if (s.ok()) s = dense_mla(dp);
     rep.ms_dense += ms_since(td);
     if (!s.ok() || !p.indices_out.present()) return s;
