@@ -775,11 +775,26 @@ TEST(LayerStep, StepsBeyondThePlanFailNamingTheLimit) {
   StepParams bq = p;
   bq.q_lens = t_i32(bad_q.data(), {2});
   EXPECT_TRUE(dsa_test::fails_naming(a5.step(bq), {"q_lens[0]", "kv_len = 100"}));
+  // Whole-step shapes are checked before any row slice reaches an op.
+  StepParams short_out = p;
+  short_out.out = t_f32(out.data(), {w.T - 1, kH, 512});
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(short_out), {"attention_step", "out", "T"}));
+  StepParams short_iq = p;
+  short_iq.index_q = t_f32(w.iq.data(), {w.T - 1, kHi, 128});
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(short_iq), {"attention_step", "index_q"}));
+  StepParams short_lse = p;
+  short_lse.lse = t_f32(lse.data(), {w.T, kH - 1});
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(short_lse), {"lse", "H"}));
   StepParams nc = p;
   nc.index_cache = IndexerCacheDesc{};
   EXPECT_TRUE(dsa_test::fails_naming(a5.step(nc), {"index_cache", "full and mtp"}));
-  // Ops' own validation comes through with the op's name.
   StepParams bk = p;
   bk.index_k = t_f32(w.ik.data(), {w.T, 64});
-  EXPECT_TRUE(dsa_test::fails_naming(a5.step(bk), {"prepare_indexer_k", "k"}));
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(bk), {"index_k", "128"}));
+  // Ops' own validation of contents comes through with the op's name.
+  std::vector<int32_t> bad_bt = w.block_table;
+  bad_bt[0] = static_cast<int32_t>(w.num_blocks + 5);
+  StepParams bb = p;
+  bb.block_table = t_i32(bad_bt.data(), {w.B, w.max_blocks});
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(bb), {"indexer_logits_paged", "block_table[0][0]", "num_blocks"}));
 }

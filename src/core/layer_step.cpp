@@ -7,6 +7,7 @@
 
 #include "core/arena.h"
 #include "core/step_layout.h"
+#include "core/validate.h"
 #include "dsa/attention.h"
 #include "dsa/indexer.h"
 #include "dsa/layer.h"
@@ -154,6 +155,27 @@ Status Attention::step(const StepParams& p, StepReport* report) {
   } else if (p.indices_out.present() &&
              (p.indices_out.ndim != 2 || p.indices_out.shape[0] != T || p.indices_out.shape[1] != K)) {
     return invalid("indices_out: expected [T = " + num(T) + ", topk = " + num(K) + "] i32");
+  }
+  {
+    // Whole-step shapes: the step hands the ops row slices, so a short tensor must fail here.
+    core::ArgCheck c(kOp);
+    c.tensor(p.q, "q", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kQkDim, "576"}});
+    c.tensor(p.block_table, "block_table", {DType::kI32}, {{B, "B"}, "max_blocks"});
+    c.tensor(p.kv_c, "kv_c", {DType::kBF16, DType::kF32}, {{T, "T"}, {kLatentDim, "512"}});
+    c.tensor(p.k_pe, "k_pe", {DType::kBF16, DType::kF32}, {{T, "T"}, {kRopeDim, "64"}});
+    c.tensor(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kLatentDim, "512"}});
+    c.tensor(p.lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
+    c.optional(p.attn_sink, "attn_sink", {DType::kF32}, {{H, "H"}}, false);
+    c.optional(p.positions, "positions", {DType::kI32}, {{T, "T"}}, false);
+    if (scores) {
+      c.tensor(p.index_q, "index_q", {DType::kBF16, DType::kF32}, {{T, "T"}, {Hi, "H_idx"}, {kIndexHeadDim, "128"}});
+      c.tensor(p.index_w, "index_w", {DType::kBF16, DType::kF32}, {{T, "T"}, {Hi, "H_idx"}}, false);
+      c.tensor(p.index_k, "index_k", {DType::kBF16, DType::kF32}, {{T, "T"}, {kIndexHeadDim, "128"}});
+      c.tensor(p.cos_sin, "cos_sin", {DType::kF32}, {"max_positions", {kIndexRopeDim, "64"}});
+    }
+    c.optional(p.indices_in, "indices_in", {DType::kI32}, {{T, "T"}, {K, "topk"}});
+    c.optional(p.indices_out, "indices_out", {DType::kI32}, {{T, "T"}, {K, "topk"}});
+    if (!c.ok()) return c.status();
   }
   if (p.workspace == nullptr || static_cast<int64_t>(p.workspace_bytes) < plan_.workspace_bytes)
     return Status(StatusCode::kWorkspaceTooSmall, std::string(kOp) + ": workspace: expected at least " +
