@@ -1,0 +1,217 @@
+// Kernel bodies of the indexer logits family (SPEC §3.4).
+//
+// logits[r, c] = s_k[j] * Σ_h w[r, h] * relu(q[r, h] · k[j]) for the key j of column c.
+// One block scores one row against a tile of kTileKeys columns: a small SIMT GEMM of
+// (heads x 128) by (128 x keys) through shared memory, f32 FMAs on exactly converted e4m3
+// values, relu and the gate folded in per head chunk, then a fixed-order reduction over the
+// 16 head groups (deterministic). The key source (flat buffer or paged cache) is a template
+// parameter that resolves column -> key pointer with every data-dependent address guarded;
+// an unresolvable key is an invalid column (-inf). A tuned tensor-core kernel can replace
+// logits_tile_kernel behind the same launcher.
+#pragma once
+#include <math_constants.h>
+
+#include "cuda/ops_common.cuh"
+
+namespace dsa {
+namespace gpu {
+namespace logits {
+
+constexpr int kThreads = 256;
+constexpr int kTileKeys = 128;
+constexpr int kKeyGroups = 16;                        // threads along keys
+constexpr int kHeadGroups = kThreads / kKeyGroups;    // 16 threads along heads
+constexpr int kKeysPerThread = kTileKeys / kKeyGroups;  // 8: keys kg + 16 * i
+constexpr int kDChunk = 32;
+constexpr int kD = 128;
+
+struct QArgs {
+  const uint8_t* q; int64_t q0, q1;
+  const float* w; int64_t w0, w1;
+  float* out; int64_t out0;
+  int64_t rows, width, heads;
+  int64_t col_offset;
+};
+
+// The keys of one row: column c is key j = base + c, valid iff j in [lo, hi).
+struct RowKeys {
+  int64_t base, lo, hi;
+  int64_t seq;
+};
+
+struct FlatKeys {
+  const uint8_t* k; int64_t k0;
+  const float* k_scale; int64_t ks0;
+  I32Vec ks, ke;
+  int64_t n;
+  bool aligned16;
+
+  __device__ RowKeys row(int64_t r, int64_t col_offset) const {
+    const int64_t s = ks[r], e = ke[r];
+    RowKeys rk;
+    rk.base = s + col_offset;
+    rk.lo = s > 0 ? s : 0;
+    rk.hi = e < n ? e : n;
+    rk.seq = 0;
+    return rk;
+  }
+  // Key pointer and scale for a valid j (j in [lo, hi)), nullptr if unresolvable.
+  __device__ const uint8_t* key(const RowKeys&, int64_t j, float* scale) const {
+    *scale = k_scale[j * ks0];
+    return k + j * k0;
+  }
+};
+
+struct PagedKeys {
+  const uint8_t* cache; int64_t block_bytes, page_size, num_blocks;
+  I32Mat block_table;
+  I32Vec kv_lens; int64_t next_n;
+  I32Vec row_seq, row_len; bool general;
+  static constexpr bool aligned16 = true;  // 16-byte aligned cache, 128-byte key rows
+
+  __device__ RowKeys row(int64_t r, int64_t col_offset) const {
+    RowKeys rk;
+    rk.base = col_offset;
+    rk.lo = 0;
+    int64_t len;
+    if (general) {
+      rk.seq = row_seq[r];
+      len = row_len[r];
+    } else {
+      rk.seq = r / next_n;
+      len = static_cast<int64_t>(kv_lens[rk.seq]) - next_n + (r % next_n) + 1;
+    }
+    const int64_t cap = block_table.cols * page_size;
+    if (rk.seq < 0 || rk.seq >= block_table.rows) len = 0;
+    rk.hi = len < cap ? len : cap;
+    return rk;
+  }
+  __device__ const uint8_t* key(const RowKeys& rk, int64_t j, float* scale) const {
+    const int64_t blk = block_table.at(rk.seq, j / page_size);
+    if (blk < 0 || blk >= num_blocks) return nullptr;
+    const uint8_t* page = cache + blk * block_bytes;
+    const int64_t off = j % page_size;
+    *scale = reinterpret_cast<const float*>(page + page_size * 128)[off];
+    return page + off * 128;
+  }
+};
+
+// kHeadsPerThread (2 or 4): a head chunk is 16 * kHeadsPerThread heads.
+template <class Keys, int kHeadsPerThread>
+__global__ void __launch_bounds__(kThreads) logits_tile_kernel(QArgs a, Keys keys) {
+  constexpr int kHC = kHeadGroups * kHeadsPerThread;
+  __shared__ float As[kDChunk][kHC + 1];
+  __shared__ float Bs[kDChunk][kTileKeys + 1];
+  __shared__ float red[kHeadGroups][kTileKeys];
+  __shared__ const uint8_t* key_ptr[kTileKeys];
+  __shared__ float key_scale[kTileKeys];
+  __shared__ int any_valid;
+
+  const int tid = threadIdx.x;
+  const int64_t r = blockIdx.x;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTileKeys;
+  const RowKeys rk = keys.row(r, a.col_offset);
+  float* out_row = a.out + r * a.out0;
+
+  if (tid == 0) any_valid = 0;
+  __syncthreads();
+  if (tid < kTileKeys) {
+    const int64_t c = c0 + tid;
+    const int64_t j = rk.base + c;
+    const uint8_t* p = nullptr;
+    float s = 0.f;
+    if (c < a.width && j >= rk.lo && j < rk.hi) p = keys.key(rk, j, &s);
+    key_ptr[tid] = p;
+    key_scale[tid] = s;
+    if (p) any_valid = 1;  // benign race: every writer stores 1
+  }
+  __syncthreads();
+  if (!any_valid) {
+    if (tid < kTileKeys && c0 + tid < a.width) out_row[c0 + tid] = -CUDART_INF_F;
+    return;
+  }
+
+  const int mg = tid / kKeyGroups;  // head group
+  const int kg = tid % kKeyGroups;  // key group
+  float acc[kKeysPerThread];
+#pragma unroll
+  for (int i = 0; i < kKeysPerThread; ++i) acc[i] = 0.f;
+
+  const uint8_t* q_row = a.q + r * a.q0;
+  constexpr int kAPerThread = kHC * kDChunk / kThreads;  // 2 * kHeadsPerThread
+  constexpr int kAThreadsPerHead = kDChunk / kAPerThread;
+  const int a_head = tid / kAThreadsPerHead;
+  const int a_d0 = (tid % kAThreadsPerHead) * kAPerThread;
+  const int b_key = tid / 2;
+  const int b_d0 = (tid % 2) * 16;
+
+  for (int64_t hc = 0; hc < a.heads; hc += kHC) {
+    float dot[kHeadsPerThread][kKeysPerThread];
+#pragma unroll
+    for (int h = 0; h < kHeadsPerThread; ++h)
+#pragma unroll
+      for (int i = 0; i < kKeysPerThread; ++i) dot[h][i] = 0.f;
+
+    for (int dc = 0; dc < kD; dc += kDChunk) {
+      __syncthreads();  // the previous chunk's tiles are consumed
+      {
+        const int64_t h = hc + a_head;
+        const uint8_t* src = q_row + h * a.q1 + dc + a_d0;
+#pragma unroll
+        for (int e = 0; e < kAPerThread; ++e)
+          As[a_d0 + e][a_head] = h < a.heads ? e4m3_to_float(src[e]) : 0.f;
+      }
+      {
+        const uint8_t* kp = key_ptr[b_key];
+        uint32_t words[4] = {0u, 0u, 0u, 0u};
+        if (kp != nullptr) {
+          const uint8_t* src = kp + dc + b_d0;
+          if (keys.aligned16) {
+            const uint4 v = *reinterpret_cast<const uint4*>(src);
+            words[0] = v.x; words[1] = v.y; words[2] = v.z; words[3] = v.w;
+          } else {
+#pragma unroll
+            for (int e = 0; e < 16; ++e) words[e / 4] |= static_cast<uint32_t>(src[e]) << (8 * (e % 4));
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < 16; ++e)
+          Bs[b_d0 + e][b_key] = e4m3_to_float(static_cast<uint8_t>(words[e / 4] >> (8 * (e % 4))));
+      }
+      __syncthreads();
+#pragma unroll 8
+      for (int d = 0; d < kDChunk; ++d) {
+        float av[kHeadsPerThread], bv[kKeysPerThread];
+#pragma unroll
+        for (int h = 0; h < kHeadsPerThread; ++h) av[h] = As[d][mg * kHeadsPerThread + h];
+#pragma unroll
+        for (int i = 0; i < kKeysPerThread; ++i) bv[i] = Bs[d][kg + kKeyGroups * i];
+#pragma unroll
+        for (int h = 0; h < kHeadsPerThread; ++h)
+#pragma unroll
+          for (int i = 0; i < kKeysPerThread; ++i) dot[h][i] = fmaf(av[h], bv[i], dot[h][i]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kHeadsPerThread; ++h) {
+      const int64_t head = hc + mg * kHeadsPerThread + h;
+      const float w = head < a.heads ? a.w[r * a.w0 + head * a.w1] : 0.f;
+#pragma unroll
+      for (int i = 0; i < kKeysPerThread; ++i) acc[i] = fmaf(w, fmaxf(dot[h][i], 0.f), acc[i]);
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < kKeysPerThread; ++i) red[mg][kg + kKeyGroups * i] = acc[i];
+  __syncthreads();
+  if (tid < kTileKeys && c0 + tid < a.width) {
+    float s = 0.f;
+#pragma unroll
+    for (int g = 0; g < kHeadGroups; ++g) s += red[g][tid];
+    out_row[c0 + tid] = key_ptr[tid] != nullptr ? s * key_scale[tid] : -CUDART_INF_F;
+  }
+}
+
+}  // namespace logits
+}  // namespace gpu
+}  // namespace dsa
