@@ -105,16 +105,13 @@ __global__ void __launch_bounds__(kThreads) logits_tile_kernel(QArgs a, Keys key
   __shared__ float red[kHeadGroups][kTileKeys];
   __shared__ const uint8_t* key_ptr[kTileKeys];
   __shared__ float key_scale[kTileKeys];
-  __shared__ int any_valid;
-
   const int tid = threadIdx.x;
   const int64_t r = blockIdx.x;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTileKeys;
   const RowKeys rk = keys.row(r, a.col_offset);
   float* out_row = a.out + r * a.out0;
 
-  if (tid == 0) any_valid = 0;
-  __syncthreads();
+  bool mine = false;
   if (tid < kTileKeys) {
     const int64_t c = c0 + tid;
     const int64_t j = rk.base + c;
@@ -123,10 +120,9 @@ __global__ void __launch_bounds__(kThreads) logits_tile_kernel(QArgs a, Keys key
     if (c < a.width && j >= rk.lo && j < rk.hi) p = keys.key(rk, j, &s);
     key_ptr[tid] = p;
     key_scale[tid] = s;
-    if (p) any_valid = 1;  // benign race: every writer stores 1
+    mine = p != nullptr;
   }
-  __syncthreads();
-  if (!any_valid) {
+  if (!__syncthreads_or(mine)) {  // no valid key in the tile: -inf, no loads
     if (tid < kTileKeys && c0 + tid < a.width) out_row[c0 + tid] = -CUDART_INF_F;
     return;
   }
