@@ -66,14 +66,15 @@ DSA_HD float e4m3_to_float(uint8_t v) {
 }
 
 // Round-to-nearest-even into E4M3fn. |f| > 448 rounds like the format would if it had
-// more range: values at or past 464 (the midpoint to the next, nonexistent, step) become NaN,
-// values in (448, 464) round to 448. SPEC callers clamp to ±448 first, so never see NaN.
+// more range: values in (448, 464] round to 448 (464, the midpoint to the next, nonexistent,
+// step, ties to the even 448 as in PyTorch's float8_e4m3fn cast); values past 464 and
+// infinities become NaN. SPEC callers clamp to ±448 first, so never see NaN.
 DSA_HD uint8_t float_to_e4m3(float f) {
   uint32_t u = float_bits(f);
   uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);  // NaN
-  if (a >= 0x43e80000u) return static_cast<uint8_t>(sign | 0x7fu);  // >= 464 (and inf): NaN
+  if (a > 0x43e80000u) return static_cast<uint8_t>(sign | 0x7fu);  // > 464 (and inf): NaN
   if (a < 0x3c800000u) {
     // Below 2^-6: subnormal range, steps of 2^-9. Scale exactly and round half to even.
     float x = bits_float(a) * 512.0f;  // exact (power-of-two scaling of a normal float)
