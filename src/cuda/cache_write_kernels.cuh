@@ -90,7 +90,7 @@ struct MlaReadArgs {
   int64_t T;
 };
 
-// An invalid slot (-1, or outside the cache) reads as zeros.
+// An invalid slot (-1, or outside the cache) leaves its output row untouched, as on the CPU.
 __global__ void read_mla_cache_kernel(MlaReadArgs a) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
@@ -98,10 +98,7 @@ __global__ void read_mla_cache_kernel(MlaReadArgs a) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; t < a.T; t += warps) {
     const int64_t slot = a.slots[t * a.slots0];
     float* dst = a.out + t * a.out0;
-    if (slot < 0 || slot >= a.num_blocks * a.page_size) {
-      for (int i = lane; i < 576; i += kWarp) dst[i] = 0.f;
-      continue;
-    }
+    if (slot < 0 || slot >= a.num_blocks * a.page_size) continue;
     const uint8_t* tok = a.cache + (slot / a.page_size) * a.block_bytes + (slot % a.page_size) * token_bytes;
     if (!a.fp8) {
       const uint16_t* src = reinterpret_cast<const uint16_t*>(tok);
