@@ -1,6 +1,10 @@
 // Launchers of the indexer logits family: indexer_logits (flat keys), indexer_logits_paged.
+// H_idx <= 64: the tensor-core kernel; more heads (or DSA_CUDA_LOGITS=simt): the SIMT kernel.
 // Grid: x = row (rows of a column tile are neighbours, so a key tile is reused from L2),
-// y = column tile of logits::kTileKeys.
+// y = column chunk.
+#include <cstdlib>
+#include <cstring>
+
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/indexer_logits_kernels.cuh"
@@ -28,16 +32,35 @@ logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc&
   return a;
 }
 
+// DSA_CUDA_LOGITS=simt selects the SIMT reference kernel (for diagnosis on a new device).
+bool simt_forced() {
+  const char* v = std::getenv("DSA_CUDA_LOGITS");
+  return v != nullptr && std::strcmp(v, "simt") == 0;
+}
+
 template <class Keys>
 StatusCode launch(const logits::QArgs& a, const Keys& keys, void* stream) {
   if (a.rows == 0 || a.width == 0) return StatusCode::kOk;
+  if (a.rows > 0x7fffffffLL) return StatusCode::kUnsupported;
+  const cudaStream_t s = as_stream(stream);
+  if (a.heads <= 64 && !simt_forced()) {
+    const int64_t chunks = ceil_div(a.width, logits::kMmaChunk);
+    if (chunks > kMaxGridY) return StatusCode::kUnsupported;
+    const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(chunks));
+    if (a.heads <= 32) {
+      logits::logits_mma_kernel<Keys, 2><<<grid, logits::kMmaThreads, 0, s>>>(a, keys);
+    } else {
+      logits::logits_mma_kernel<Keys, 4><<<grid, logits::kMmaThreads, 0, s>>>(a, keys);
+    }
+    return last_launch_status();
+  }
   const int64_t tiles = ceil_div(a.width, logits::kTileKeys);
-  if (tiles > kMaxGridY || a.rows > 0x7fffffffLL) return StatusCode::kUnsupported;
+  if (tiles > kMaxGridY) return StatusCode::kUnsupported;
   const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(tiles));
   if (a.heads <= 32) {
-    logits::logits_tile_kernel<Keys, 2><<<grid, logits::kThreads, 0, as_stream(stream)>>>(a, keys);
+    logits::logits_tile_kernel<Keys, 2><<<grid, logits::kThreads, 0, s>>>(a, keys);
   } else {
-    logits::logits_tile_kernel<Keys, 4><<<grid, logits::kThreads, 0, as_stream(stream)>>>(a, keys);
+    logits::logits_tile_kernel<Keys, 4><<<grid, logits::kThreads, 0, s>>>(a, keys);
   }
   return last_launch_status();
 }

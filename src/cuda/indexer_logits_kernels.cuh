@@ -1,13 +1,14 @@
 // Kernel bodies of the indexer logits family (SPEC §3.4).
 //
 // logits[r, c] = s_k[j] * Σ_h w[r, h] * relu(q[r, h] · k[j]) for the key j of column c.
-// One block scores one row against a tile of kTileKeys columns: a small SIMT GEMM of
-// (heads x 128) by (128 x keys) through shared memory, f32 FMAs on exactly converted e4m3
-// values, relu and the gate folded in per head chunk, then a fixed-order reduction over the
-// 16 head groups (deterministic). The key source (flat buffer or paged cache) is a template
-// parameter that resolves column -> key pointer with every data-dependent address guarded;
-// an unresolvable key is an invalid column (-inf). A tuned tensor-core kernel can replace
-// logits_tile_kernel behind the same launcher.
+// Two kernels, one contract: logits_mma_kernel (tensor cores, H_idx <= 64, the default) and
+// logits_tile_kernel (SIMT, any H_idx; the reference). Each block scores one row against a
+// tile of columns: a small GEMM of (heads x 128) by (128 x keys) through shared memory on
+// exactly converted e4m3 values with f32 accumulation, relu and the gate folded in, then a
+// fixed-order reduction over heads (deterministic). The key source (flat buffer or paged
+// cache) is a template parameter that resolves column -> key pointer with every
+// data-dependent address guarded; an unresolvable key is an invalid column (-inf). Tuned
+// kernels replace these behind the same launcher.
 #pragma once
 #include <math_constants.h>
 
@@ -205,6 +206,150 @@ __global__ void __launch_bounds__(kThreads) logits_tile_kernel(QArgs a, Keys key
 #pragma unroll
     for (int g = 0; g < kHeadGroups; ++g) s += red[g][tid];
     out_row[c0 + tid] = key_ptr[tid] != nullptr ? s * key_scale[tid] : -CUDART_INF_F;
+  }
+}
+
+// ---- tensor-core kernel ----------------------------------------------------------------
+// The same score with mma.sync m16n8k16 BF16 -> F32: e4m3 values are exact in BF16 and their
+// products exact in F32, so only the accumulation order differs from the SIMT kernel. One block
+// (4 warps) scores one row against kMmaChunk columns: the row's q (heads x 128, padded to
+// 16 * kMTiles heads with zeros) is staged once, then kMmaKeys-key sub-tiles are staged in
+// turn; warp w owns keys [16 w, 16 w + 16) of a sub-tile, all heads. relu and the gate are
+// applied per accumulator, the sum over heads is a fixed-order shuffle reduction.
+constexpr int kMmaThreads = 128;
+constexpr int kMmaKeys = 64;
+constexpr int kMmaChunk = 512;
+constexpr int kMmaStride = kD + 8;  // bf16 row stride in shared memory: conflict-free fragments
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Two e4m3 bytes -> a packed pair of BF16 (exact), low byte in the low half.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t lo, uint32_t hi) {
+  return (float_bits(e4m3_to_float(static_cast<uint8_t>(lo))) >> 16) |
+         (float_bits(e4m3_to_float(static_cast<uint8_t>(hi))) & 0xffff0000u);
+}
+
+template <class Keys, int kMTiles>
+__global__ void __launch_bounds__(kMmaThreads) logits_mma_kernel(QArgs a, Keys keys) {
+  constexpr int kHeads = 16 * kMTiles;
+  __shared__ __align__(16) uint16_t Qs[kHeads][kMmaStride];
+  __shared__ __align__(16) uint16_t Ks[kMmaKeys][kMmaStride];
+  __shared__ float w_s[kHeads];
+  __shared__ const uint8_t* key_ptr[kMmaKeys];
+  __shared__ float key_scale[kMmaKeys];
+
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int g = lane / 4, t2 = (lane % 4) * 2;
+  const int64_t r = blockIdx.x;
+  const int64_t chunk0 = static_cast<int64_t>(blockIdx.y) * kMmaChunk;
+  const RowKeys rk = keys.row(r, a.col_offset);
+  float* out_row = a.out + r * a.out0;
+
+  // The row's queries, once per block (zero rows pad the heads).
+  const uint8_t* q_row = a.q + r * a.q0;
+  for (int e = tid; e < kHeads * kD / 2; e += kMmaThreads) {
+    const int h = e / (kD / 2), d = (e % (kD / 2)) * 2;
+    uint32_t v = 0;
+    if (h < a.heads) v = e4m3x2_to_bf16x2(q_row[h * a.q1 + d], q_row[h * a.q1 + d + 1]);
+    *reinterpret_cast<uint32_t*>(&Qs[h][d]) = v;
+  }
+  for (int h = tid; h < kHeads; h += kMmaThreads) w_s[h] = h < a.heads ? a.w[r * a.w0 + h * a.w1] : 0.f;
+
+  for (int64_t c0 = chunk0; c0 < chunk0 + kMmaChunk && c0 < a.width; c0 += kMmaKeys) {
+    __syncthreads();  // the previous sub-tile (and key_ptr) is consumed; Qs is written
+    bool mine = false;
+    if (tid < kMmaKeys) {
+      const int64_t c = c0 + tid;
+      const int64_t j = rk.base + c;
+      const uint8_t* p = nullptr;
+      float sc = 0.f;
+      if (c < a.width && j >= rk.lo && j < rk.hi) p = keys.key(rk, j, &sc);
+      key_ptr[tid] = p;
+      key_scale[tid] = sc;
+      mine = p != nullptr;
+    }
+    if (!__syncthreads_or(mine)) {  // nothing valid: -inf, no loads
+      if (tid < kMmaKeys && c0 + tid < a.width) out_row[c0 + tid] = -CUDART_INF_F;
+      continue;
+    }
+    {  // stage the keys: thread -> (key tid / 2, half tid % 2) = 64 bytes
+      const int key = tid / 2, half = tid % 2;
+      const uint8_t* kp = key_ptr[key];
+      uint32_t* dst = reinterpret_cast<uint32_t*>(&Ks[key][half * 64]);
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        uint32_t w4[4] = {0u, 0u, 0u, 0u};
+        if (kp != nullptr) {
+          const uint8_t* src = kp + half * 64 + v * 16;
+          if (keys.aligned16) {
+            const uint4 x = *reinterpret_cast<const uint4*>(src);
+            w4[0] = x.x; w4[1] = x.y; w4[2] = x.z; w4[3] = x.w;
+          } else {
+#pragma unroll
+            for (int e = 0; e < 16; ++e) w4[e / 4] |= static_cast<uint32_t>(src[e]) << (8 * (e % 4));
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          dst[v * 8 + q * 2] = e4m3x2_to_bf16x2(w4[q], w4[q] >> 8);
+          dst[v * 8 + q * 2 + 1] = e4m3x2_to_bf16x2(w4[q] >> 16, w4[q] >> 24);
+        }
+      }
+    }
+    __syncthreads();
+
+    float acc[kMTiles][2][4];
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD; kk += 16) {
+      uint32_t bf[2][2];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int key = warp * 16 + n * 8 + g;
+        bf[n][0] = *reinterpret_cast<const uint32_t*>(&Ks[key][kk + t2]);
+        bf[n][1] = *reinterpret_cast<const uint32_t*>(&Ks[key][kk + t2 + 8]);
+      }
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        uint32_t af[4];
+        af[0] = *reinterpret_cast<const uint32_t*>(&Qs[m * 16 + g][kk + t2]);
+        af[1] = *reinterpret_cast<const uint32_t*>(&Qs[m * 16 + g + 8][kk + t2]);
+        af[2] = *reinterpret_cast<const uint32_t*>(&Qs[m * 16 + g][kk + t2 + 8]);
+        af[3] = *reinterpret_cast<const uint32_t*>(&Qs[m * 16 + g + 8][kk + t2 + 8]);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) mma_bf16_16816(acc[m][n], af, bf[n]);
+      }
+    }
+    // acc[m][n][i]: head m*16 + g (+8 for i >= 2), key warp*16 + n*8 + t2 + (i & 1).
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float part = 0.f;
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+          part = fmaf(w_s[m * 16 + g], fmaxf(acc[m][n][c], 0.f), part);
+          part = fmaf(w_s[m * 16 + g + 8], fmaxf(acc[m][n][2 + c], 0.f), part);
+        }
+        part += __shfl_xor_sync(0xffffffffu, part, 4);
+        part += __shfl_xor_sync(0xffffffffu, part, 8);
+        part += __shfl_xor_sync(0xffffffffu, part, 16);
+        const int key = warp * 16 + n * 8 + t2 + c;
+        if (g == 0 && c0 + key < a.width)
+          out_row[c0 + key] = key_ptr[key] != nullptr ? part * key_scale[key] : -CUDART_INF_F;
+      }
+    }
   }
 }
 

@@ -138,6 +138,8 @@ TEST(GpuLogits, FlatMatchesCpu) {
       {3, {260}, {17}, 100, 130},                // column tile past col_offset, odd heads
       {64, {1000}, {3}, 1200, 0},                // W beyond every row: -inf tail
       {40, {200, 0}, {200, 0}, 256, 0},
+      {128, {700}, {9}, 700, 0},                 // more heads than the tensor-core kernel takes
+      {16, {1500}, {2}, 1100, 300},              // chunk-crossing column tile
   };
   uint64_t seed = 300;
   for (const auto& c : cases) {
@@ -423,4 +425,18 @@ TEST(GpuLogits, PagedShortDeviceKvLens) {
     ASSERT_TRUE(std::isinf(run.got[3 * 128 + c])) << c;
   }
   EXPECT_FALSE(std::isinf(run.got[1 * 128 + 0]));
+}
+
+// The SIMT reference kernel (DSA_CUDA_LOGITS=simt) on flat and paged cases.
+TEST(GpuLogits, SimtKernelMatchesCpu) {
+  DSA_REQUIRE_GPU();
+  struct ScopedSimt {
+    ScopedSimt() { setenv("DSA_CUDA_LOGITS", "simt", 1); }
+    ~ScopedSimt() { unsetenv("DSA_CUDA_LOGITS"); }
+  } simt;
+  run_flat(FlatCase{64, {300}, {300}, 300, 0}, 310);
+  run_flat(FlatCase{32, {500, 129, 77}, {40, 129, 5}, 512, 0}, 311);
+  run_flat(FlatCase{3, {260}, {17}, 100, 130}, 312);
+  run_decode(64, {130, 64, 65, 2}, 2, 64, 192, 0, 313);
+  run_decode(32, {500, 260}, 2, 16, 300, 128, 314);
 }
