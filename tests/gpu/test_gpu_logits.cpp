@@ -440,3 +440,17 @@ TEST(GpuLogits, SimtKernelMatchesCpu) {
   run_decode(64, {130, 64, 65, 2}, 2, 64, 192, 0, 313);
   run_decode(32, {500, 260}, 2, 16, 300, 128, 314);
 }
+
+// Tiny cases of both kernels and both key sources, for compute-sanitizer (racecheck is slow).
+TEST(GpuLogits, SanitizerSmall) {
+  DSA_REQUIRE_GPU();
+  run_flat(FlatCase{64, {200}, {3}, 256, 0}, 320);
+  run_flat(FlatCase{32, {90, 40}, {2, 40}, 100, 0}, 321);
+  run_decode(64, {130, 65}, 2, 64, 192, 0, 322);
+  struct ScopedSimt {
+    ScopedSimt() { setenv("DSA_CUDA_LOGITS", "simt", 1); }
+    ~ScopedSimt() { unsetenv("DSA_CUDA_LOGITS"); }
+  } simt;
+  run_flat(FlatCase{64, {200}, {3}, 256, 0}, 323);
+  run_decode(32, {70}, 1, 64, 128, 0, 324);
+}
