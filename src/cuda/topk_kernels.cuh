@@ -1,9 +1,10 @@
 // Kernel bodies of top-k selection and index mapping (SPEC §3.5-3.6).
 //
 // Top-k: one block per row. Floats map to order-preserving u32 keys (NaN lowest, -0 == +0);
-// four 8-bit radix passes over the row find the exact k-th key T and how many keys equal to
-// T must be taken; a final pass over contiguous per-thread slices (two block scans) writes the
-// keys > T and the lowest-index keys == T in ascending index order. Deterministic, no
+// four 8-bit radix passes over the row (warp-aggregated shared-memory histograms) find the
+// exact k-th key T and how many keys equal to T must be taken; a final pass in index order
+// (one block scan per chunk) writes the keys > T and the lowest-index keys == T in ascending
+// index order. Deterministic, no
 // workspace, any width. A tuned multi-block or cached-pass kernel can replace topk_row_kernel
 // behind the same launcher.
 #pragma once
@@ -18,6 +19,7 @@ namespace topk_detail {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kBins = 256;
+constexpr int kItems = 4;  // output pass: consecutive elements per thread (chunk counts < 2^16)
 
 // Order-preserving: a > b (as numbers) iff key(a) > key(b); equal numbers have equal keys;
 // every NaN is 0, below -inf (0x007fffff).
@@ -90,9 +92,19 @@ __global__ void __launch_bounds__(kThreads) topk_row_kernel(TopkArgs a) {
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
     __syncthreads();
-    for (int64_t j = tid; j < len; j += kThreads) {
-      const uint32_t key = order_key(x[j]);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
+    // Block-uniform trip count, so every warp is converged at the match below. Lanes of a
+    // warp with the same digit add once (logits often share their top bits: contention).
+    for (int64_t j0 = 0; j0 < len; j0 += kThreads) {
+      const int64_t j = j0 + tid;
+      uint32_t key = 0;
+      bool counted = false;
+      if (j < len) {
+        key = order_key(x[j]);
+        counted = (key & mask) == prefix;
+      }
+      const uint32_t digit = counted ? (key >> shift) & 0xffu : 0x100u;
+      const uint32_t peers = __match_any_sync(0xffffffffu, digit);
+      if (counted && (threadIdx.x % kWarp) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
     }
     __syncthreads();
     // Counts from the highest digit down: the chosen digit is where the running count
@@ -113,31 +125,38 @@ __global__ void __launch_bounds__(kThreads) topk_row_kernel(TopkArgs a) {
   const uint32_t threshold = prefix;
   const uint32_t need_eq = remaining;  // keys == threshold to take, lowest index first
 
-  // Contiguous slice per thread, so slices (and scans) follow index order.
-  const int64_t per = (len + kThreads - 1) / kThreads;
-  const int64_t begin = tid * per < len ? tid * per : len;
-  const int64_t end = begin + per < len ? begin + per : len;
-  uint32_t gt = 0, eq = 0;
-  for (int64_t j = begin; j < end; ++j) {
-    const uint32_t key = order_key(x[j]);
-    gt += key > threshold;
-    eq += key == threshold;
-  }
-  uint32_t total;
-  const uint32_t eq_before = block_exclusive_scan(eq, warp_sums, &total);
-  const uint32_t eq_take = eq_before >= need_eq ? 0u : (need_eq - eq_before < eq ? need_eq - eq_before : eq);
-  uint32_t pos = block_exclusive_scan(gt + eq_take, warp_sums, &total);
-  uint32_t eq_seen = 0;
-  for (int64_t j = begin; j < end; ++j) {
-    const float v = x[j];
-    const uint32_t key = order_key(v);
-    bool take = key > threshold;
-    if (key == threshold) take = eq_seen++ < eq_take;
-    if (take) {
-      idx_out[pos] = static_cast<int32_t>(j);
-      if (val_out) val_out[pos] = v;
-      ++pos;
+  // Output pass in index order, chunks of kThreads * kItems (thread t holds kItems consecutive
+  // elements of a chunk). Before element j, gt_before keys > T and eq_before keys == T were
+  // seen; the lowest-index ties are taken, so j's output slot is
+  // gt_before + min(eq_before, need_eq). One block scan of packed (gt, eq) counts per chunk.
+  uint32_t gt_run = 0, eq_run = 0;  // block-uniform totals of the previous chunks
+  for (int64_t c0 = 0; c0 < len; c0 += kThreads * kItems) {
+    const int64_t first = c0 + static_cast<int64_t>(tid) * kItems;
+    uint32_t keys[kItems];
+    uint32_t gt = 0, eq = 0;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      keys[i] = first + i < len ? order_key(x[first + i]) : 0u;
+      gt += first + i < len && keys[i] > threshold;
+      eq += first + i < len && keys[i] == threshold;
     }
+    uint32_t total;
+    const uint32_t before = block_exclusive_scan((gt << 16) | eq, warp_sums, &total);
+    uint32_t gt_before = gt_run + (before >> 16), eq_before = eq_run + (before & 0xffffu);
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      if (first + i >= len) break;
+      const bool is_gt = keys[i] > threshold, is_eq = keys[i] == threshold;
+      if (is_gt || (is_eq && eq_before < need_eq)) {
+        const uint32_t pos = gt_before + (eq_before < need_eq ? eq_before : need_eq);
+        idx_out[pos] = static_cast<int32_t>(first + i);
+        if (val_out) val_out[pos] = x[first + i];
+      }
+      gt_before += is_gt;
+      eq_before += is_eq;
+    }
+    gt_run += total >> 16;
+    eq_run += total & 0xffffu;
   }
 }
 
