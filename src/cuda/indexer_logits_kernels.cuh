@@ -210,8 +210,9 @@ __global__ void __launch_bounds__(kThreads) logits_tile_kernel(QArgs a, Keys key
 }
 
 // ---- tensor-core kernel ----------------------------------------------------------------
-// The same score with mma.sync m16n8k16 BF16 -> F32: e4m3 values are exact in BF16 and their
-// products exact in F32, so only the accumulation order differs from the SIMT kernel. One block
+// The same score with mma.sync m16n8k16 F16 -> F32: e4m3 values are exact in F16 (one
+// cvt.rn.f16x2.e4m3x2 per pair) and their products exact in F32, so only the accumulation
+// order differs from the SIMT kernel. One block
 // (4 warps) scores one row against kMmaChunk columns: the row's q (heads x 128, padded to
 // 16 * kMTiles heads with zeros) is staged once, then kMmaKeys-key sub-tiles are staged in
 // turn; warp w owns keys [16 w, 16 w + 16) of a sub-tile, all heads. relu and the gate are
@@ -219,26 +220,29 @@ __global__ void __launch_bounds__(kThreads) logits_tile_kernel(QArgs a, Keys key
 constexpr int kMmaThreads = 128;
 constexpr int kMmaKeys = 64;
 constexpr int kMmaChunk = 512;
-constexpr int kMmaStride = kD + 8;  // bf16 row stride in shared memory: conflict-free fragments
+constexpr int kMmaStride = kD + 8;  // f16 row stride in shared memory: conflict-free fragments
 
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Two e4m3 bytes -> a packed pair of BF16 (exact), low byte in the low half.
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t lo, uint32_t hi) {
-  return (float_bits(e4m3_to_float(static_cast<uint8_t>(lo))) >> 16) |
-         (float_bits(e4m3_to_float(static_cast<uint8_t>(hi))) & 0xffff0000u);
+// Two e4m3 bytes (lo, hi: the low 8 bits of each) -> a packed pair of F16 (exact), lo in the
+// low half.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t lo, uint32_t hi) {
+  const uint16_t pair = static_cast<uint16_t>((lo & 0xffu) | ((hi & 0xffu) << 8));
+  uint32_t out;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(pair));
+  return out;
 }
 
 template <class Keys, int kMTiles>
 __global__ void __launch_bounds__(kMmaThreads) logits_mma_kernel(QArgs a, Keys keys) {
   constexpr int kHeads = 16 * kMTiles;
-  __shared__ __align__(16) uint16_t Qs[kHeads][kMmaStride];
+  __shared__ __align__(16) uint16_t Qs[kHeads][kMmaStride];  // f16 bits
   __shared__ __align__(16) uint16_t Ks[kMmaKeys][kMmaStride];
   __shared__ float w_s[kHeads];
   __shared__ const uint8_t* key_ptr[kMmaKeys];
@@ -256,7 +260,7 @@ __global__ void __launch_bounds__(kMmaThreads) logits_mma_kernel(QArgs a, Keys k
   for (int e = tid; e < kHeads * kD / 2; e += kMmaThreads) {
     const int h = e / (kD / 2), d = (e % (kD / 2)) * 2;
     uint32_t v = 0;
-    if (h < a.heads) v = e4m3x2_to_bf16x2(q_row[h * a.q1 + d], q_row[h * a.q1 + d + 1]);
+    if (h < a.heads) v = e4m3x2_to_f16x2(q_row[h * a.q1 + d], q_row[h * a.q1 + d + 1]);
     *reinterpret_cast<uint32_t*>(&Qs[h][d]) = v;
   }
   for (int h = tid; h < kHeads; h += kMmaThreads) w_s[h] = h < a.heads ? a.w[r * a.w0 + h * a.w1] : 0.f;
@@ -297,8 +301,8 @@ __global__ void __launch_bounds__(kMmaThreads) logits_mma_kernel(QArgs a, Keys k
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          dst[v * 8 + q * 2] = e4m3x2_to_bf16x2(w4[q], w4[q] >> 8);
-          dst[v * 8 + q * 2 + 1] = e4m3x2_to_bf16x2(w4[q] >> 16, w4[q] >> 24);
+          dst[v * 8 + q * 2] = e4m3x2_to_f16x2(w4[q], w4[q] >> 8);
+          dst[v * 8 + q * 2 + 1] = e4m3x2_to_f16x2(w4[q] >> 16, w4[q] >> 24);
         }
       }
     }
@@ -328,7 +332,7 @@ __global__ void __launch_bounds__(kMmaThreads) logits_mma_kernel(QArgs a, Keys k
         af[2] = *reinterpret_cast<const uint32_t*>(&Qs[m * 16 + g][kk + t2 + 8]);
         af[3] = *reinterpret_cast<const uint32_t*>(&Qs[m * 16 + g + 8][kk + t2 + 8]);
 #pragma unroll
-        for (int n = 0; n < 2; ++n) mma_bf16_16816(acc[m][n], af, bf[n]);
+        for (int n = 0; n < 2; ++n) mma_f16_16816(acc[m][n], af, bf[n]);
       }
     }
     // acc[m][n][i]: head m*16 + g (+8 for i >= 2), key warp*16 + n*8 + t2 + (i & 1).
