@@ -140,11 +140,12 @@ else
 fi
 
 # ---- short benchmarks -------------------------------------------------------------------
-if [ -x "$BUILD/tools/dsa" ] && "$BUILD/tools/dsa" bench --help > /dev/null 2>&1; then
+if [ -x "$BUILD/tools/dsa" ]; then
   step dsa_bench 90 "$BUILD/tools/dsa" bench --quick
-  cp "$OUT/dsa_bench.log" "$OUT/bench.txt" 2>/dev/null
+  step dsa_bench_json 60 "$BUILD/tools/dsa" bench --quick --json
+  cp "$OUT/dsa_bench_json.log" "$OUT/bench.json" 2>/dev/null
 else
-  skip dsa_bench "tools/dsa with a bench command not built"
+  skip dsa_bench "tools/dsa not built"
 fi
 if [ -f bench/torch_baseline.py ]; then
   # shellcheck disable=SC2086
