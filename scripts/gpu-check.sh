@@ -141,9 +141,8 @@ fi
 
 # ---- short benchmarks -------------------------------------------------------------------
 if [ -x "$BUILD/tools/dsa" ]; then
-  step dsa_bench 90 "$BUILD/tools/dsa" bench --quick
-  step dsa_bench_json 60 "$BUILD/tools/dsa" bench --quick --json
-  cp "$OUT/dsa_bench_json.log" "$OUT/bench.json" 2>/dev/null
+  # shellcheck disable=SC2086
+  step dsa_bench 100 "$BUILD/tools/dsa" bench ${DSA_BENCH_ARGS:---quick}
 else
   skip dsa_bench "tools/dsa not built"
 fi
