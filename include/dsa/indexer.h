@@ -59,8 +59,9 @@ Status prepare_indexer_k(const PrepareIndexerKParams& p);
 //   logits[i, c] = Σ_h weights[i, h] · relu(q[i, h] · k[j]) · k_scale[j],  j = ks[i] + col_offset + c
 // for j < ke[i]; columns with j >= ke[i] hold -inf. Rows index keys [ks[i], ke[i]) of k, so a
 // row of a sequence whose keys start at kv_start sees request-local column j - kv_start when
-// ks[i] = kv_start. col_offset (>= 0) lets a caller compute one tile of columns at a time.
-// Dot products accumulate in f32.
+// ks[i] = kv_start. col_offset (>= 0) lets a caller compute one tile of columns at a time:
+// keys past column W - 1 are simply not computed (a row may see more keys than W), and a tile
+// is bit-identical to the same columns of an untiled call. Dot products accumulate in f32.
 struct IndexerLogitsParams {
   TensorDesc q;        // [M, H_idx, 128] e4m3, last dim contiguous
   TensorDesc weights;  // [M, H_idx] f32 (folded gates w')
@@ -76,11 +77,13 @@ Status indexer_logits(const IndexerLogitsParams& p);
 
 // Paged logits against the indexer K cache, for decode rows (next_n >= 1 tokens per sequence)
 // and, through row_seq / row_len, for any rows (chunked prefill over a cached prefix).
-//   Decode form: row r = b * next_n + i of sequence b sees keys j < L = kv_lens[b] - next_n + i + 1.
+//   Decode form: row r = b * next_n + i of sequence b sees keys j < L = kv_lens[b] - next_n + i + 1
+//   (next_n <= kv_lens[b] <= max_blocks * page_size).
 //   General form (row_seq and row_len given): row r belongs to sequence row_seq[r] and sees
 //   keys j < row_len[r]; kv_lens and next_n are then unused.
 // Key j of sequence b sits at slot block_table[b][j / page] * page + j % page.
-// logits[r, c] = score of key j = col_offset + c; columns with j >= L hold -inf.
+// logits[r, c] = score of key j = col_offset + c; columns with j >= L hold -inf. Only the
+// block-table entries of pages holding computed keys are read (they must be in [0, num_blocks)).
 struct IndexerLogitsPagedParams {
   TensorDesc q;            // [R, H_idx, 128] e4m3
   TensorDesc weights;      // [R, H_idx] f32

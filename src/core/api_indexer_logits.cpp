@@ -1,0 +1,143 @@
+// Public entry points of the indexer logits family: validate, pick the device, dispatch.
+//
+// Column tiling: logits has W columns; column c holds key j = (ks[i] +) col_offset + c. Keys a
+// row sees past column W - 1 are simply not computed (a caller tiles the columns with
+// col_offset), so a row whose valid keys outnumber W is not an error. Only the keys that fall
+// into the computed columns are read, and for CPU tensors only their block-table entries are
+// range-checked.
+#include <algorithm>
+#include <string>
+
+#include "core/dispatch.h"
+#include "dsa/indexer.h"
+
+namespace dsa {
+namespace {
+
+constexpr int64_t kIndexDim = 128;
+constexpr int64_t kMaxKeyIndex = 2147483647;  // key positions are i32 everywhere
+
+std::string at(const char* name, int64_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
+
+template <typename T>
+const T& elem1(const TensorDesc& t, int64_t i) {
+  return t.ptr<const T>()[i * t.stride[0]];
+}
+
+}  // namespace
+
+Status indexer_logits(const IndexerLogitsParams& p) {
+  const char* op = "indexer_logits";
+  core::ArgCheck c(op);
+  c.tensor(p.q, "q", {DType::kE4M3}, {"M", "H_idx", {kIndexDim, "128"}});
+  const int64_t M = c.ok() ? p.q.shape[0] : 0;
+  const int64_t H = c.ok() ? p.q.shape[1] : 0;
+  c.require(!c.ok() || H > 0, "q", "expected H_idx > 0 heads");
+  c.tensor(p.weights, "weights", {DType::kF32}, {{M, "M"}, {H, "H_idx"}});
+  c.tensor(p.k, "k", {DType::kE4M3}, {"N", {kIndexDim, "128"}});
+  const int64_t N = c.ok() ? p.k.shape[0] : 0;
+  c.tensor(p.k_scale, "k_scale", {DType::kF32}, {{N, "N"}}, false);
+  c.tensor(p.ks, "ks", {DType::kI32}, {{M, "M"}}, false);
+  c.tensor(p.ke, "ke", {DType::kI32}, {{M, "M"}}, false);
+  c.tensor(p.logits, "logits", {DType::kF32}, {{M, "M"}, "W"});
+  c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
+            "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
+  if (!c.ok()) return c.status();
+  Device dev;
+  Status st = core::pick_device(op, {&p.q, &p.weights, &p.k, &p.k_scale, &p.ks, &p.ke, &p.logits}, &dev);
+  if (!st.ok()) return st;
+  if (dev.type == DeviceType::kCPU) {
+    for (int64_t i = 0; i < M && c.ok(); ++i) {
+      const int64_t s = elem1<int32_t>(p.ks, i), e = elem1<int32_t>(p.ke, i);
+      if (s >= 0 && s <= e && e <= N) continue;  // messages are built only on failure
+      c.require(s >= 0 && s <= e, at("ks", i).c_str(),
+                "expected 0 <= ks[i] <= ke[i], got ks = " + std::to_string(s) + ", ke = " + std::to_string(e));
+      c.require(e <= N, at("ke", i).c_str(),
+                "expected ke[i] <= N = " + std::to_string(N) + ", got " + std::to_string(e));
+    }
+    if (!c.ok()) return c.status();
+  }
+  return core::backend_status(op, dev, DSA_DISPATCH(dev, indexer_logits, p));
+}
+
+Status indexer_logits_paged(const IndexerLogitsPagedParams& p) {
+  const char* op = "indexer_logits_paged";
+  core::ArgCheck c(op);
+  c.tensor(p.q, "q", {DType::kE4M3}, {"R", "H_idx", {kIndexDim, "128"}});
+  const int64_t R = c.ok() ? p.q.shape[0] : 0;
+  const int64_t H = c.ok() ? p.q.shape[1] : 0;
+  c.require(!c.ok() || H > 0, "q", "expected H_idx > 0 heads");
+  c.tensor(p.weights, "weights", {DType::kF32}, {{R, "R"}, {H, "H_idx"}});
+  c.indexer_cache(p.cache, "cache");
+  c.tensor(p.block_table, "block_table", {DType::kI32}, {"B", "max_blocks"});
+  const int64_t B = c.ok() ? p.block_table.shape[0] : 0;
+  const int64_t max_blocks = c.ok() ? p.block_table.shape[1] : 0;
+  const bool general = p.row_seq.present() || p.row_len.present();
+  if (general) {
+    c.require(p.row_seq.present() && p.row_len.present(), p.row_seq.present() ? "row_len" : "row_seq",
+              "expected row_seq and row_len to be given together (general form)");
+    c.tensor(p.row_seq, "row_seq", {DType::kI32}, {{R, "R"}}, false);
+    c.tensor(p.row_len, "row_len", {DType::kI32}, {{R, "R"}}, false);
+    c.optional(p.kv_lens, "kv_lens", {DType::kI32}, {{B, "B"}}, false);
+  } else {
+    c.tensor(p.kv_lens, "kv_lens", {DType::kI32}, {{B, "B"}}, false);
+    c.require(p.next_n >= 1, "next_n", "expected >= 1, got " + std::to_string(p.next_n));
+    c.require(!c.ok() || R == B * p.next_n, "q",
+              "expected R == B * next_n = " + std::to_string(B) + " * " + std::to_string(p.next_n) +
+                  " rows (decode form), got R = " + std::to_string(R));
+  }
+  c.tensor(p.logits, "logits", {DType::kF32}, {{R, "R"}, "W"});
+  c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
+            "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
+  if (!c.ok()) return c.status();
+  Device dev;
+  Status st = core::pick_device(op, {&p.q, &p.weights, &p.block_table, &p.kv_lens, &p.row_seq,
+                                     &p.row_len, &p.logits}, &dev, {&p.cache.device});
+  if (!st.ok()) return st;
+  if (dev.type == DeviceType::kCPU) {
+    const int64_t page = p.cache.page_size;
+    const int64_t cap = max_blocks * page;
+    const int64_t W = p.logits.shape[1];
+    // Largest key count any row of each sequence reads (within the computed columns).
+    std::vector<int64_t> reads(static_cast<size_t>(B), 0);
+    auto row_reads = [&](int64_t seq, int64_t len) {
+      const int64_t last = std::min(len, p.col_offset + W);  // keys [col_offset, last)
+      if (last > p.col_offset) reads[seq] = std::max(reads[seq], last);
+    };
+    if (general) {
+      for (int64_t r = 0; r < R && c.ok(); ++r) {
+        const int64_t s = elem1<int32_t>(p.row_seq, r), len = elem1<int32_t>(p.row_len, r);
+        if (s >= 0 && s < B && len >= 0 && len <= cap) { row_reads(s, len); continue; }
+        c.require(s >= 0 && s < B, at("row_seq", r).c_str(),
+                  "expected in [0, B = " + std::to_string(B) + "), got " + std::to_string(s));
+        c.require(len >= 0 && len <= cap, at("row_len", r).c_str(),
+                  "expected in [0, max_blocks * page_size = " + std::to_string(cap) + "], got " +
+                      std::to_string(len));
+      }
+    } else {
+      for (int64_t b = 0; b < B && c.ok(); ++b) {
+        const int64_t kv = elem1<int32_t>(p.kv_lens, b);
+        if (kv >= p.next_n && kv <= cap) { row_reads(b, kv); continue; }
+        c.require(false, at("kv_lens", b).c_str(),
+                  "expected in [next_n = " + std::to_string(p.next_n) + ", max_blocks * page_size = " +
+                      std::to_string(cap) + "], got " + std::to_string(kv));
+      }
+    }
+    for (int64_t b = 0; b < B && c.ok(); ++b) {
+      if (reads[b] == 0) continue;
+      for (int64_t blk = p.col_offset / page; blk * page < reads[b] && c.ok(); ++blk) {
+        const int64_t e = p.block_table.ptr<const int32_t>()[b * p.block_table.stride[0] +
+                                                             blk * p.block_table.stride[1]];
+        if (e >= 0 && e < p.cache.num_blocks) continue;
+        c.require(false,
+                  ("block_table[" + std::to_string(b) + "][" + std::to_string(blk) + "]").c_str(),
+                  "expected a block in [0, cache.num_blocks = " + std::to_string(p.cache.num_blocks) +
+                      "), got " + std::to_string(e));
+      }
+    }
+    if (!c.ok()) return c.status();
+  }
+  return core::backend_status(op, dev, DSA_DISPATCH(dev, indexer_logits_paged, p));
+}
+
+}  // namespace dsa

@@ -1,0 +1,122 @@
+// Public entry points of top-k selection and index mapping: validate, pick the device, dispatch.
+#include <string>
+
+#include "core/dispatch.h"
+#include "dsa/topk.h"
+
+namespace dsa {
+namespace {
+
+constexpr int64_t kMaxTopk = 16384;
+
+std::string at(const char* name, int64_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
+
+template <typename T>
+const T& elem1(const TensorDesc& t, int64_t i) {
+  return t.ptr<const T>()[i * t.stride[0]];
+}
+
+core::ArgCheck check_topk(const TopkParams& p) {
+  core::ArgCheck c("topk");
+  c.require(p.k > 0 && p.k % 64 == 0 && p.k <= kMaxTopk, "k",
+            "expected a positive multiple of 64 up to " + std::to_string(kMaxTopk) + ", got " +
+                std::to_string(p.k));
+  c.tensor(p.logits, "logits", {DType::kF32}, {"M", "W"});
+  const int64_t M = c.ok() ? p.logits.shape[0] : 0;
+  c.tensor(p.lengths, "lengths", {DType::kI32}, {{M, "M"}}, false);
+  c.tensor(p.indices, "indices", {DType::kI32}, {{M, "M"}, {p.k, "k"}});
+  c.optional(p.values, "values", {DType::kF32}, {{M, "M"}, {p.k, "k"}});
+  return c;
+}
+
+}  // namespace
+
+size_t topk_workspace_size(const TopkParams& p) {
+  if (!check_topk(p).ok()) return 0;
+#if defined(DSA_WITH_CUDA)
+  if (p.logits.device.type == DeviceType::kCUDA) return gpu::topk_workspace_size(p);
+#endif
+  return 0;
+}
+
+Status topk(const TopkParams& p) {
+  const char* op = "topk";
+  core::ArgCheck c = check_topk(p);
+  if (!c.ok()) return c.status();
+  Device dev;
+  Status st = core::pick_device(op, {&p.logits, &p.lengths, &p.indices, &p.values}, &dev);
+  if (!st.ok()) return st;
+  if (dev.type == DeviceType::kCPU) {
+    const int64_t M = p.logits.shape[0], W = p.logits.shape[1];
+    for (int64_t i = 0; i < M; ++i) {
+      const int64_t len = elem1<int32_t>(p.lengths, i);
+      if (len >= 0 && len <= W) continue;
+      c.require(false, at("lengths", i).c_str(),
+                "expected in [0, W = " + std::to_string(W) + "], got " + std::to_string(len));
+      return c.status();
+    }
+  }
+#if defined(DSA_WITH_CUDA)
+  if (dev.type == DeviceType::kCUDA) {
+    const size_t need = gpu::topk_workspace_size(p);
+    if (p.workspace_bytes < need || (need > 0 && p.workspace == nullptr)) {
+      return Status(StatusCode::kWorkspaceTooSmall,
+                    "topk: workspace: expected " + std::to_string(need) + " bytes (topk_workspace_size), got " +
+                        std::to_string(p.workspace_bytes));
+    }
+  }
+#endif
+  return core::backend_status(op, dev, DSA_DISPATCH(dev, topk, p));
+}
+
+Status map_indices(const MapIndicesParams& p) {
+  const char* op = "map_indices";
+  core::ArgCheck c(op);
+  c.tensor(p.indices, "indices", {DType::kI32}, {"M", "k"});
+  const int64_t M = c.ok() ? p.indices.shape[0] : 0;
+  const int64_t K = c.ok() ? p.indices.shape[1] : 0;
+  c.tensor(p.out, "out", {DType::kI32}, {{M, "M"}, {K, "k"}});
+  c.optional(p.row_seq, "row_seq", {DType::kI32}, {{M, "M"}}, false);
+  c.require(p.row_seq.present() || p.rows_per_seq >= 1, "rows_per_seq",
+            "expected >= 1, got " + std::to_string(p.rows_per_seq));
+  c.require(p.kind == IndexMapKind::kFlat || p.kind == IndexMapKind::kPaged, "kind",
+            "expected kFlat or kPaged");
+  int64_t B = 0;
+  if (c.ok() && p.kind == IndexMapKind::kFlat) {
+    c.tensor(p.kv_start, "kv_start", {DType::kI32}, {"B"}, false);
+    B = c.ok() ? p.kv_start.shape[0] : 0;
+  } else if (c.ok()) {
+    c.tensor(p.block_table, "block_table", {DType::kI32}, {"B", "max_blocks"});
+    c.require(p.page_size > 0 && p.page_size <= 2147483647, "page_size",
+              "expected in [1, 2^31 - 1], got " + std::to_string(p.page_size));
+    B = c.ok() ? p.block_table.shape[0] : 0;
+  }
+  if (c.ok() && !p.row_seq.present() && M > 0) {
+    const int64_t need = (M - 1) / p.rows_per_seq + 1;
+    c.require(need <= B, p.kind == IndexMapKind::kFlat ? "kv_start" : "block_table",
+              "expected at least (M - 1) / rows_per_seq + 1 = " + std::to_string(need) +
+                  " sequences, got B = " + std::to_string(B));
+  }
+  if (!c.ok()) return c.status();
+  Device dev;
+  Status st = core::pick_device(op, {&p.indices, &p.out, &p.row_seq, &p.kv_start, &p.block_table}, &dev);
+  if (!st.ok()) return st;
+  if (dev.type == DeviceType::kCPU) {
+    for (int64_t i = 0; p.row_seq.present() && i < M; ++i) {
+      const int64_t s = elem1<int32_t>(p.row_seq, i);
+      if (s >= 0 && s < B) continue;
+      c.require(false, at("row_seq", i).c_str(),
+                "expected in [0, B = " + std::to_string(B) + "), got " + std::to_string(s));
+      return c.status();
+    }
+    for (int64_t b = 0; p.kind == IndexMapKind::kFlat && b < B; ++b) {
+      const int64_t s = elem1<int32_t>(p.kv_start, b);
+      if (s >= 0) continue;
+      c.require(false, at("kv_start", b).c_str(), "expected >= 0, got " + std::to_string(s));
+      return c.status();
+    }
+  }
+  return core::backend_status(op, dev, DSA_DISPATCH(dev, map_indices, p));
+}
+
+}  // namespace dsa

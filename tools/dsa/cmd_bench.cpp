@@ -1,0 +1,683 @@
+// `dsa bench`: per-op GPU benchmarks at the shapes of SPEC §2 (issue 4 §6).
+//
+// Every op runs through the public API on device buffers filled with random data (never
+// zeros), rotating between several input sets so one run does not warm the cache for the
+// next. Time: CUDA events around each launch, warm-up first, the median of the timed runs.
+// Each result is set against its floor: max(FLOPs / peak, compulsory bytes / bandwidth) with
+// the device's measured ceilings (overridable), printed as time / floor.
+#include "cmd_bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dsa/dsa.h"
+
+#if defined(DSA_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+// Ceilings of the lent H200 as given in the project brief (bf16 GEMM ~780 TFLOP/s, fp8 GEMM
+// ~1420 TFLOP/s, device copy ~4.25 TB/s counting read + write; see docs/perf.md). Override with
+// --bf16-tflops / --fp8-tflops / --copy-tbs on other devices.
+constexpr double kBf16Tflops = 780.0;
+constexpr double kFp8Tflops = 1420.0;
+constexpr double kCopyTBs = 4.25;
+
+struct Options {
+  bool quick = false;
+  bool json = false;
+  std::string json_path;  // empty: stdout
+  std::vector<std::string> ops;  // empty: all
+  int warmup = 3;
+  int iters = 30;
+  int device = 0;
+  double bf16_tflops = kBf16Tflops;
+  double fp8_tflops = kFp8Tflops;
+  double copy_tbs = kCopyTBs;
+};
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: dsa bench [options]\n"
+               "  --op NAME[,NAME]   only these ops: indexer_logits, topk, sparse_mla_prefill,\n"
+               "                     sparse_mla_decode, dense_mla_decode, dense_mla_prefill\n"
+               "  --quick            fewer shapes and runs (whole run well under a minute)\n"
+               "  --json [PATH]      JSON results to PATH (or stdout) instead of the table\n"
+               "  --warmup N         untimed runs per shape (default 3; quick 2)\n"
+               "  --iters N          timed runs per shape, median reported (default 30; quick 10)\n"
+               "  --device N         CUDA device (default 0)\n"
+               "  --bf16-tflops X    bf16 tensor-core ceiling for floors (default %.0f)\n"
+               "  --fp8-tflops X     fp8 tensor-core ceiling (default %.0f)\n"
+               "  --copy-tbs X       memory bandwidth ceiling in TB/s (default %.2f)\n",
+               kBf16Tflops, kFp8Tflops, kCopyTBs);
+}
+
+bool parse(int argc, char** argv, Options* o) {
+  bool warm_set = false, iters_set = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "dsa bench: %s needs a value\n", name);
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      usage(stdout);
+      std::exit(0);
+    } else if (a == "--quick") {
+      o->quick = true;
+    } else if (a == "--json") {
+      o->json = true;
+      if (i + 1 < argc && argv[i + 1][0] != '-') o->json_path = argv[++i];
+    } else if (a == "--op") {
+      const char* v = value("--op");
+      if (!v) return false;
+      std::string s = v;
+      size_t pos = 0;
+      while (pos <= s.size()) {
+        const size_t c = s.find(',', pos);
+        const std::string name = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+        if (!name.empty()) o->ops.push_back(name);
+        if (c == std::string::npos) break;
+        pos = c + 1;
+      }
+    } else if (a == "--warmup" || a == "--iters" || a == "--device") {
+      const char* v = value(a.c_str());
+      if (!v) return false;
+      const int n = std::atoi(v);
+      if (n < (a == "--iters" ? 1 : 0)) {
+        std::fprintf(stderr, "dsa bench: %s: expected a number >= %d, got '%s'\n", a.c_str(), a == "--iters" ? 1 : 0, v);
+        return false;
+      }
+      if (a == "--warmup") { o->warmup = n; warm_set = true; }
+      else if (a == "--iters") { o->iters = n; iters_set = true; }
+      else o->device = n;
+    } else if (a == "--bf16-tflops" || a == "--fp8-tflops" || a == "--copy-tbs") {
+      const char* v = value(a.c_str());
+      if (!v) return false;
+      const double x = std::atof(v);
+      if (!(x > 0)) {
+        std::fprintf(stderr, "dsa bench: %s: expected a positive number, got '%s'\n", a.c_str(), v);
+        return false;
+      }
+      (a == "--bf16-tflops" ? o->bf16_tflops : a == "--fp8-tflops" ? o->fp8_tflops : o->copy_tbs) = x;
+    } else {
+      std::fprintf(stderr, "dsa bench: unknown option '%s'\n", a.c_str());
+      usage(stderr);
+      return false;
+    }
+  }
+  if (o->quick) {
+    if (!warm_set) o->warmup = 2;
+    if (!iters_set) o->iters = 10;
+  }
+  return true;
+}
+
+const char* const kOpNames[] = {"indexer_logits", "topk", "sparse_mla_prefill", "sparse_mla_decode",
+                                "dense_mla_decode", "dense_mla_prefill"};
+
+bool ops_known(const Options& o) {
+  for (const auto& name : o.ops) {
+    if (std::find_if(std::begin(kOpNames), std::end(kOpNames), [&](const char* n) { return name == n; }) ==
+        std::end(kOpNames)) {
+      std::fprintf(stderr, "dsa bench: --op: unknown op '%s'\n", name.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+#if !defined(DSA_WITH_CUDA)
+
+int cmd_bench(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, &o) || !ops_known(o)) return 2;
+  std::fprintf(stderr, "dsa bench: this build has no CUDA backend (configure with -DDSA_CUDA=ON)\n");
+  return 2;
+}
+
+#else
+
+namespace {
+
+// ---- device memory and random inputs ---------------------------------------------------------
+class Buf {
+ public:
+  Buf() = default;
+  explicit Buf(size_t bytes) : bytes_(bytes) {
+    if (bytes && cudaMalloc(&p_, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      p_ = nullptr;
+    }
+  }
+  Buf(Buf&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
+  Buf& operator=(Buf&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  Buf(const Buf&) = delete;
+  ~Buf() {
+    if (p_) cudaFree(p_);
+  }
+  void* get() const { return p_; }
+  template <typename T> T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+  bool ok() const { return bytes_ == 0 || p_ != nullptr; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 7) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float normal() {
+    const uint64_t z = next();
+    float acc = 0.f;
+    for (int i = 0; i < 4; ++i) acc += static_cast<float>((z >> (16 * i)) & 0xffff) * (1.f / 65536.f);
+    return (acc - 2.f) * 1.7320508f;
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
+};
+
+// A device pool of random values of one kind; big buffers are filled by copying 1 MiB pieces
+// from random offsets of it (generating gigabytes on the host would dominate the run).
+class Pool {
+ public:
+  Pool(const std::vector<uint8_t>& host, size_t unit) : unit_(unit), dev_(host.size()) {
+    ok_ = dev_.ok() && cudaMemcpy(dev_.get(), host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+  bool fill(void* dst, size_t bytes, Rng& rng) const {
+    if (!ok_) return false;
+    const size_t piece_max = std::min<size_t>(1 << 20, dev_.bytes() / 2) / unit_ * unit_;
+    uint8_t* d = static_cast<uint8_t*>(dst);
+    for (size_t off = 0; off < bytes; off += piece_max) {
+      const size_t n = std::min(piece_max, bytes - off);
+      const size_t units = (dev_.bytes() - n) / unit_;
+      const size_t src = (units ? rng.next() % units : 0) * unit_;
+      if (cudaMemcpyAsync(d + off, dev_.as<uint8_t>() + src, n, cudaMemcpyDeviceToDevice) != cudaSuccess) return false;
+    }
+    return true;
+  }
+
+ private:
+  size_t unit_;
+  Buf dev_;
+  bool ok_ = false;
+};
+
+struct Pools {
+  Pool f32, bf16, e4m3, pow2, mla_fp8;
+  static std::vector<uint8_t> make(size_t n, size_t unit, const std::function<void(uint8_t*, Rng&)>& gen, uint64_t seed) {
+    std::vector<uint8_t> v(n * unit);
+    Rng rng(seed);
+    for (size_t i = 0; i < n; ++i) gen(v.data() + i * unit, rng);
+    return v;
+  }
+  Pools()
+      : f32(make(8u << 20, 4, [](uint8_t* p, Rng& r) { const float x = r.normal(); std::memcpy(p, &x, 4); }, 1), 4),
+        bf16(make(8u << 20, 2, [](uint8_t* p, Rng& r) { const uint16_t b = dsa::float_to_bf16(r.normal()); std::memcpy(p, &b, 2); }, 2), 2),
+        e4m3(make(16u << 20, 1, [](uint8_t* p, Rng& r) { *p = dsa::quantize_e4m3(r.normal() * 64.f, 1.f); }, 3), 1),
+        pow2(make(1u << 18, 4, [](uint8_t* p, Rng& r) { const float x = std::ldexp(1.f, -4 - static_cast<int>(r.next() % 6)); std::memcpy(p, &x, 4); }, 4), 4),
+        mla_fp8(make(1u << 15, dsa::kMlaFp8TokenBytes, [](uint8_t* p, Rng& r) {
+          for (int i = 0; i < 512; ++i) p[i] = dsa::quantize_e4m3(r.normal() * 64.f, 1.f);
+          for (int t = 0; t < 4; ++t) { const float s = 1.f / 64.f; std::memcpy(p + 512 + 4 * t, &s, 4); }
+          for (int i = 0; i < 64; ++i) { const uint16_t b = dsa::float_to_bf16(r.normal()); std::memcpy(p + 528 + 2 * i, &b, 2); }
+        }, 5), dsa::kMlaFp8TokenBytes) {}
+};
+
+// ---- measurement --------------------------------------------------------------------------------
+struct Work {
+  double flops = 0;
+  double bytes = 0;
+  bool fp8 = false;  // which tensor-core ceiling bounds the FLOPs
+};
+
+struct Result {
+  std::string op, shape;
+  bool ok = false;
+  std::string error;
+  double ms = 0, ms_min = 0;
+  Work work;
+  double floor_ms = 0;
+  const char* bound = "";
+};
+
+// Runs op(set) warmup + iters times, rotating sets; fills ms with the median of the timed runs.
+bool time_op(const Options& o, int sets, const std::function<dsa::Status(int)>& op, Result* r) {
+  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(o.iters));
+  for (auto& e : ev) cudaEventCreate(&e);
+  bool ok = true;
+  for (int i = 0; i < o.warmup && ok; ++i) {
+    const dsa::Status st = op(i % sets);
+    if (!st.ok()) { r->error = st.to_string(); ok = false; }
+  }
+  for (int i = 0; i < o.iters && ok; ++i) {
+    cudaEventRecord(ev[2 * i]);
+    const dsa::Status st = op((o.warmup + i) % sets);
+    cudaEventRecord(ev[2 * i + 1]);
+    if (!st.ok()) { r->error = st.to_string(); ok = false; }
+  }
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (ok && e != cudaSuccess) { r->error = std::string("device error: ") + cudaGetErrorString(e); ok = false; }
+  if (ok) {
+    std::vector<double> ms(static_cast<size_t>(o.iters));
+    for (int i = 0; i < o.iters; ++i) {
+      float t = 0;
+      cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]);
+      ms[static_cast<size_t>(i)] = t;
+    }
+    std::sort(ms.begin(), ms.end());
+    r->ms = ms[ms.size() / 2];
+    r->ms_min = ms.front();
+  }
+  for (auto& e2 : ev) cudaEventDestroy(e2);
+  r->ok = ok;
+  return ok;
+}
+
+void set_floor(const Options& o, Result* r) {
+  const double peak = (r->work.fp8 ? o.fp8_tflops : o.bf16_tflops) * 1e12;
+  const double t_flops = r->work.flops / peak * 1e3;
+  const double t_bytes = r->work.bytes / (o.copy_tbs * 1e12) * 1e3;
+  r->floor_ms = std::max(t_flops, t_bytes);
+  r->bound = t_flops >= t_bytes ? (r->work.fp8 ? "fp8" : "bf16") : "memory";
+}
+
+int rotation_sets(const Options& o, double bytes_per_set) {
+  // Enough sets that one pass over them exceeds the 50 MB L2 twice; at least 2.
+  int n = bytes_per_set > 0 ? static_cast<int>(100e6 / bytes_per_set) + 1 : 2;
+  return std::max(2, std::min(n, o.quick ? 2 : 4));
+}
+
+dsa::Device dev0(const Options& o) { return dsa::cuda_device(o.device); }
+
+std::string fail_alloc() { return "device allocation or fill failed"; }
+
+// ---- the ops ------------------------------------------------------------------------------------
+constexpr int64_t kD = 576, kDV = 512;
+constexpr float kSmScale = 0.13523f;
+
+Result bench_indexer_logits(const Options& o, const Pools& pools, int64_t M, int64_t N, int64_t H) {
+  Result r;
+  r.op = "indexer_logits";
+  r.shape = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " H=" + std::to_string(H);
+  // Rows are the last M positions of an N-token context: row i sees keys 0 .. N - M + i.
+  double pairs = 0;
+  std::vector<int32_t> ks(static_cast<size_t>(M), 0), ke(static_cast<size_t>(M));
+  for (int64_t i = 0; i < M; ++i) {
+    ke[static_cast<size_t>(i)] = static_cast<int32_t>(N - M + i + 1);
+    pairs += static_cast<double>(N - M + i + 1);
+  }
+  r.work.flops = pairs * H * 128 * 2;
+  r.work.bytes = static_cast<double>(M) * N * 4 + M * H * (128 + 4) + N * (128 + 4);
+  r.work.fp8 = true;
+  const double in_bytes = static_cast<double>(M * H * 132 + N * 132);
+  const int sets = rotation_sets(o, in_bytes);
+  Rng rng(11);
+  std::vector<Buf> q, w, k, kscale;
+  bool ok = true;
+  for (int s = 0; s < sets; ++s) {
+    q.emplace_back(M * H * 128);
+    w.emplace_back(M * H * 4);
+    k.emplace_back(N * 128);
+    kscale.emplace_back(N * 4);
+    ok = ok && q.back().ok() && w.back().ok() && k.back().ok() && kscale.back().ok() &&
+         pools.e4m3.fill(q.back().get(), q.back().bytes(), rng) && pools.f32.fill(w.back().get(), w.back().bytes(), rng) &&
+         pools.e4m3.fill(k.back().get(), k.back().bytes(), rng) && pools.pow2.fill(kscale.back().get(), kscale.back().bytes(), rng);
+  }
+  Buf dks(M * 4), dke(M * 4), logits(static_cast<size_t>(M * N * 4));
+  ok = ok && dks.ok() && dke.ok() && logits.ok() &&
+       cudaMemcpy(dks.get(), ks.data(), M * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dke.get(), ke.data(), M * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+  if (!ok) { r.error = fail_alloc(); return r; }
+  const dsa::Device d = dev0(o);
+  time_op(o, sets, [&](int s) {
+    dsa::IndexerLogitsParams p;
+    p.q = dsa::make_tensor(q[s].get(), dsa::DType::kE4M3, {M, H, 128}, d);
+    p.weights = dsa::make_tensor(w[s].get(), dsa::DType::kF32, {M, H}, d);
+    p.k = dsa::make_tensor(k[s].get(), dsa::DType::kE4M3, {N, 128}, d);
+    p.k_scale = dsa::make_tensor(kscale[s].get(), dsa::DType::kF32, {N}, d);
+    p.ks = dsa::make_tensor(dks.get(), dsa::DType::kI32, {M}, d);
+    p.ke = dsa::make_tensor(dke.get(), dsa::DType::kI32, {M}, d);
+    p.logits = dsa::make_tensor(logits.get(), dsa::DType::kF32, {M, N}, d);
+    return dsa::indexer_logits(p);
+  }, &r);
+  return r;
+}
+
+Result bench_topk(const Options& o, const Pools& pools, int64_t M, int64_t W, int64_t K) {
+  Result r;
+  r.op = "topk";
+  r.shape = "M=" + std::to_string(M) + " W=" + std::to_string(W) + " k=" + std::to_string(K);
+  r.work.bytes = static_cast<double>(M) * W * 4 + static_cast<double>(M) * K * 4 + M * 4;
+  const int sets = rotation_sets(o, static_cast<double>(M) * W * 4);
+  Rng rng(12);
+  std::vector<Buf> logits;
+  bool ok = true;
+  for (int s = 0; s < sets; ++s) {
+    logits.emplace_back(static_cast<size_t>(M * W * 4));
+    ok = ok && logits.back().ok() && pools.f32.fill(logits.back().get(), logits.back().bytes(), rng);
+  }
+  std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(W));
+  Buf lengths(M * 4), idx(static_cast<size_t>(M * K * 4));
+  ok = ok && lengths.ok() && idx.ok() && cudaMemcpy(lengths.get(), len.data(), M * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+  if (!ok) { r.error = fail_alloc(); return r; }
+  const dsa::Device d = dev0(o);
+  auto params = [&](int s) {
+    dsa::TopkParams p;
+    p.logits = dsa::make_tensor(logits[s].get(), dsa::DType::kF32, {M, W}, d);
+    p.lengths = dsa::make_tensor(lengths.get(), dsa::DType::kI32, {M}, d);
+    p.k = K;
+    p.indices = dsa::make_tensor(idx.get(), dsa::DType::kI32, {M, K}, d);
+    return p;
+  };
+  Buf ws(dsa::topk_workspace_size(params(0)));
+  if (!ws.ok()) { r.error = fail_alloc(); return r; }
+  time_op(o, sets, [&](int s) {
+    dsa::TopkParams p = params(s);
+    p.workspace = ws.get();
+    p.workspace_bytes = ws.bytes();
+    return dsa::topk(p);
+  }, &r);
+  return r;
+}
+
+// An MLA cache of `tokens` slots (pages of 64) filled with random BF16 or FP8 tokens.
+bool make_cache(const Pools& pools, bool fp8, int64_t tokens, Rng& rng, Buf* cache, dsa::MlaCacheDesc* desc,
+                dsa::Device d) {
+  const int64_t page = 64, blocks = (tokens + page - 1) / page;
+  const int64_t tb = fp8 ? dsa::kMlaFp8TokenBytes : dsa::kMlaBf16TokenBytes;
+  *cache = Buf(static_cast<size_t>(blocks * page * tb));
+  if (!cache->ok()) return false;
+  desc->data = cache->get();
+  desc->dtype = fp8 ? dsa::MlaCacheDtype::kFP8 : dsa::MlaCacheDtype::kBF16;
+  desc->num_blocks = blocks;
+  desc->page_size = page;
+  desc->device = d;
+  return (fp8 ? pools.mla_fp8 : pools.bf16).fill(cache->get(), cache->bytes(), rng);
+}
+
+// Sparse MLA: `seqs` sequences of `ctx` cached tokens each; T rows, rows_per_seq per sequence,
+// each selecting K distinct positions spread over its sequence (stratified random sample).
+Result bench_sparse(const Options& o, const Pools& pools, const char* op, const std::string& shape, int64_t seqs,
+                    int64_t ctx, int64_t rows_per_seq, int64_t H, int64_t K, bool fp8) {
+  Result r;
+  r.op = op;
+  r.shape = shape;
+  const int64_t T = seqs * rows_per_seq;
+  const int64_t tb = fp8 ? dsa::kMlaFp8TokenBytes : dsa::kMlaBf16TokenBytes;
+  r.work.flops = static_cast<double>(T) * H * K * (kD + kDV) * 2;
+  const double unique_keys = std::min(static_cast<double>(seqs) * ctx, static_cast<double>(T) * K);
+  r.work.bytes = static_cast<double>(T) * H * (kD * 2 + kDV * 2 + 4) + static_cast<double>(T) * K * 4 +
+                 std::max(unique_keys, static_cast<double>(seqs) * K) * tb;
+  const int sets = rotation_sets(o, static_cast<double>(T) * H * kD * 2 + T * K * 4.0);
+  const dsa::Device d = dev0(o);
+  Rng rng(13);
+  Buf cache;
+  dsa::MlaCacheDesc cdesc;
+  bool ok = make_cache(pools, fp8, seqs * ctx, rng, &cache, &cdesc, d);
+  std::vector<Buf> q, idx;
+  std::vector<int32_t> h_idx(static_cast<size_t>(T * K));
+  for (int s = 0; s < sets && ok; ++s) {
+    q.emplace_back(static_cast<size_t>(T * H * kD * 2));
+    ok = q.back().ok() && pools.bf16.fill(q.back().get(), q.back().bytes(), rng);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t b = t / rows_per_seq;
+      // Causal: the last rows_per_seq * ... positions of the sequence are the rows themselves.
+      const int64_t L = ctx - rows_per_seq + (t % rows_per_seq) + 1;
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t pos = std::min<int64_t>(L - 1, static_cast<int64_t>((j + rng.uniform()) * L / K));
+        h_idx[static_cast<size_t>(t * K + j)] = static_cast<int32_t>(j < L ? b * ctx + pos : -1);
+      }
+    }
+    idx.emplace_back(h_idx.size() * 4);
+    ok = ok && idx.back().ok() &&
+         cudaMemcpy(idx.back().get(), h_idx.data(), h_idx.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+  Buf out(static_cast<size_t>(T * H * kDV * 2)), lse(static_cast<size_t>(T * H * 4));
+  ok = ok && out.ok() && lse.ok();
+  if (!ok) { r.error = fail_alloc(); return r; }
+  auto params = [&](int s) {
+    dsa::SparseMlaParams p;
+    p.q = dsa::make_tensor(q[s].get(), dsa::DType::kBF16, {T, H, kD}, d);
+    p.kv.paged = cdesc;
+    p.indices = dsa::make_tensor(idx[s].get(), dsa::DType::kI32, {T, K}, d);
+    p.sm_scale = kSmScale;
+    p.out = dsa::make_tensor(out.get(), dsa::DType::kBF16, {T, H, kDV}, d);
+    p.lse = dsa::make_tensor(lse.get(), dsa::DType::kF32, {T, H}, d);
+    return p;
+  };
+  Buf ws(dsa::sparse_mla_workspace_size(params(0)));
+  if (!ws.ok()) { r.error = fail_alloc(); return r; }
+  time_op(o, sets, [&](int s) {
+    dsa::SparseMlaParams p = params(s);
+    p.workspace = ws.get();
+    p.workspace_bytes = ws.bytes();
+    return dsa::sparse_mla(p);
+  }, &r);
+  return r;
+}
+
+// Dense MLA over a paged cache: `seqs` sequences, q_len new tokens each, kv_len keys each.
+Result bench_dense(const Options& o, const Pools& pools, const char* op, const std::string& shape, int64_t seqs,
+                   int64_t q_len, int64_t kv_len, int64_t H, bool fp8) {
+  Result r;
+  r.op = op;
+  r.shape = shape;
+  const int64_t T = seqs * q_len, page = 64, pages = (kv_len + page - 1) / page;
+  const int64_t tb = fp8 ? dsa::kMlaFp8TokenBytes : dsa::kMlaBf16TokenBytes;
+  double keys = 0;
+  for (int64_t i = 0; i < q_len; ++i) keys += static_cast<double>(kv_len - q_len + i + 1);
+  r.work.flops = keys * seqs * H * (kD + kDV) * 2;
+  r.work.bytes = static_cast<double>(T) * H * (kD * 2 + kDV * 2 + 4) + static_cast<double>(seqs) * kv_len * tb;
+  const int sets = rotation_sets(o, static_cast<double>(T) * H * kD * 2);
+  const dsa::Device d = dev0(o);
+  Rng rng(14);
+  Buf cache;
+  dsa::MlaCacheDesc cdesc;
+  bool ok = make_cache(pools, fp8, seqs * pages * page, rng, &cache, &cdesc, d);
+  std::vector<int32_t> cu(static_cast<size_t>(seqs + 1)), lens(static_cast<size_t>(seqs), static_cast<int32_t>(kv_len)),
+      bt(static_cast<size_t>(seqs * pages));
+  for (int64_t b = 0; b <= seqs; ++b) cu[static_cast<size_t>(b)] = static_cast<int32_t>(b * q_len);
+  for (int64_t i = 0; i < seqs * pages; ++i) bt[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  Buf dcu(cu.size() * 4), dlens(lens.size() * 4), dbt(bt.size() * 4);
+  ok = ok && dcu.ok() && dlens.ok() && dbt.ok() &&
+       cudaMemcpy(dcu.get(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dlens.get(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dbt.get(), bt.data(), bt.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+  std::vector<Buf> q;
+  for (int s = 0; s < sets && ok; ++s) {
+    q.emplace_back(static_cast<size_t>(T * H * kD * 2));
+    ok = q.back().ok() && pools.bf16.fill(q.back().get(), q.back().bytes(), rng);
+  }
+  Buf out(static_cast<size_t>(T * H * kDV * 2)), lse(static_cast<size_t>(T * H * 4));
+  ok = ok && out.ok() && lse.ok();
+  if (!ok) { r.error = fail_alloc(); return r; }
+  auto params = [&](int s) {
+    dsa::DenseMlaParams p;
+    p.q = dsa::make_tensor(q[s].get(), dsa::DType::kBF16, {T, H, kD}, d);
+    p.kv.paged = cdesc;
+    p.cu_seqlens_q = dsa::make_tensor(dcu.get(), dsa::DType::kI32, {seqs + 1}, d);
+    p.block_table = dsa::make_tensor(dbt.get(), dsa::DType::kI32, {seqs, pages}, d);
+    p.kv_lens = dsa::make_tensor(dlens.get(), dsa::DType::kI32, {seqs}, d);
+    p.sm_scale = kSmScale;
+    p.out = dsa::make_tensor(out.get(), dsa::DType::kBF16, {T, H, kDV}, d);
+    p.lse = dsa::make_tensor(lse.get(), dsa::DType::kF32, {T, H}, d);
+    return p;
+  };
+  Buf ws(dsa::dense_mla_workspace_size(params(0)));
+  if (!ws.ok()) { r.error = fail_alloc(); return r; }
+  time_op(o, sets, [&](int s) {
+    dsa::DenseMlaParams p = params(s);
+    p.workspace = ws.get();
+    p.workspace_bytes = ws.bytes();
+    return dsa::dense_mla(p);
+  }, &r);
+  return r;
+}
+
+bool selected(const Options& o, const char* op) {
+  return o.ops.empty() || std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end();
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) { o += ' '; continue; }
+    o += c;
+  }
+  return o;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, &o) || !ops_known(o)) return 2;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    std::fprintf(stderr, "dsa bench: no CUDA device found (the benchmarks need a GPU)\n");
+    return 2;
+  }
+  if (o.device >= n || cudaSetDevice(o.device) != cudaSuccess) {
+    std::fprintf(stderr, "dsa bench: --device %d: expected a device index below %d\n", o.device, n);
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, o.device);
+
+  std::vector<std::function<Result(const Pools&)>> cases;
+  if (selected(o, "indexer_logits")) {
+    const std::vector<int64_t> Ns = o.quick ? std::vector<int64_t>{32768} : std::vector<int64_t>{32768, 65536, 131072};
+    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{64} : std::vector<int64_t>{32, 64};
+    for (int64_t N : Ns)
+      for (int64_t H : Hs) cases.push_back([&o, N, H](const Pools& p) { return bench_indexer_logits(o, p, 4096, N, H); });
+  }
+  if (selected(o, "topk")) {
+    cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 64, 65536, 2048); });
+    if (!o.quick) cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 4096, 131072, 2048); });
+  }
+  if (selected(o, "sparse_mla_prefill")) {
+    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{64, 128};
+    for (int64_t H : Hs)
+      cases.push_back([&o, H](const Pools& p) {
+        return bench_sparse(o, p, "sparse_mla_prefill", "T=4096 H=" + std::to_string(H) + " K=2048 ctx=32768 kv=bf16", 1,
+                            32768, 4096, H, 2048, false);
+      });
+  }
+  if (selected(o, "sparse_mla_decode")) {
+    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{64, 128};
+    for (int64_t H : Hs)
+      cases.push_back([&o, H](const Pools& p) {
+        return bench_sparse(o, p, "sparse_mla_decode", "B=128 next_n=2 H=" + std::to_string(H) + " K=2048 ctx=8192 kv=fp8",
+                            128, 8192, 2, H, 2048, true);
+      });
+  }
+  if (selected(o, "dense_mla_decode")) {
+    cases.push_back([&o](const Pools& p) {
+      return bench_dense(o, p, "dense_mla_decode", "B=128 next_n=1 ctx=2048 H=128 kv=bf16", 128, 1, 2048, 128, false);
+    });
+    if (!o.quick)
+      cases.push_back([&o](const Pools& p) {
+        return bench_dense(o, p, "dense_mla_decode", "B=1 next_n=1 ctx=131072 H=128 kv=bf16", 1, 1, 131072, 128, false);
+      });
+  }
+  if (selected(o, "dense_mla_prefill")) {
+    cases.push_back([&o](const Pools& p) {
+      return bench_dense(o, p, "dense_mla_prefill", "B=4 len=2048 H=128 kv=bf16", 4, 2048, 2048, 128, false);
+    });
+  }
+
+  const Pools pools;
+  std::vector<Result> results;
+  bool all_ok = true;
+  if (!o.json) {
+    std::printf("dsa bench on %s (%d SMs); ceilings bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s, memory %.2f TB/s\n",
+                prop.name, prop.multiProcessorCount, o.bf16_tflops, o.fp8_tflops, o.copy_tbs);
+    std::printf("%-20s %-46s %10s %9s %9s %10s %8s %7s\n", "op", "shape", "ms", "TFLOP/s", "GB/s", "floor ms",
+                "x floor", "bound");
+  }
+  for (const auto& c : cases) {
+    Result r = c(pools);
+    set_floor(o, &r);
+    all_ok = all_ok && r.ok;
+    if (!o.json) {
+      if (r.ok) {
+        std::printf("%-20s %-46s %10.4f %9.1f %9.0f %10.4f %8.2f %7s\n", r.op.c_str(), r.shape.c_str(), r.ms,
+                    r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6), r.floor_ms, r.ms / r.floor_ms, r.bound);
+      } else {
+        std::printf("%-20s %-46s FAILED: %s\n", r.op.c_str(), r.shape.c_str(), r.error.c_str());
+      }
+      std::fflush(stdout);
+    }
+    results.push_back(r);
+  }
+
+  if (o.json) {
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::string js = "{\n  \"tool\": \"dsa bench\",\n  \"version\": \"" + std::string(dsa::version()) +
+                     "\",\n  \"device\": \"" + json_escape(prop.name) + "\",\n  \"date\": \"" + date +
+                     "\",\n  \"ceilings\": {\"bf16_tflops\": " + std::to_string(o.bf16_tflops) +
+                     ", \"fp8_tflops\": " + std::to_string(o.fp8_tflops) + ", \"copy_tbs\": " + std::to_string(o.copy_tbs) +
+                     "},\n  \"results\": [\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      char buf[512];
+      if (r.ok) {
+        std::snprintf(buf, sizeof(buf),
+                      "\"ok\": true, \"ms\": %.6f, \"ms_min\": %.6f, \"flops\": %.6g, \"bytes\": %.6g, \"tflops\": %.3f, "
+                      "\"gbs\": %.1f, \"floor_ms\": %.6f, \"floor_ratio\": %.3f, \"bound\": \"%s\"",
+                      r.ms, r.ms_min, r.work.flops, r.work.bytes, r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6),
+                      r.floor_ms, r.ms / r.floor_ms, r.bound);
+      } else {
+        std::snprintf(buf, sizeof(buf), "\"ok\": false, \"floor_ms\": %.6f", r.floor_ms);
+      }
+      js += "    {\"op\": \"" + r.op + "\", \"shape\": \"" + r.shape + "\", " + buf;
+      if (!r.ok) js += ", \"error\": \"" + json_escape(r.error) + "\"";
+      js += i + 1 < results.size() ? "},\n" : "}\n";
+    }
+    js += "  ]\n}\n";
+    if (o.json_path.empty()) {
+      std::fputs(js.c_str(), stdout);
+    } else {
+      FILE* f = std::fopen(o.json_path.c_str(), "w");
+      if (!f) {
+        std::fprintf(stderr, "dsa bench: --json: cannot write '%s'\n", o.json_path.c_str());
+        return 2;
+      }
+      std::fputs(js.c_str(), f);
+      std::fclose(f);
+    }
+  }
+  return all_ok ? 0 : 1;
+}
+
+#endif  // DSA_WITH_CUDA
