@@ -148,7 +148,7 @@ else
 fi
 if [ -f bench/torch_baseline.py ]; then
   # shellcheck disable=SC2086
-  step torch_baseline 90 env PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" python3 bench/torch_baseline.py ${DSA_TORCH_ARGS:---quick}
+  step torch_baseline 90 env PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" python3 bench/torch_baseline.py ${DSA_TORCH_ARGS:---quick --json $OUT/torch_baseline.json}
 else
   skip torch_baseline "bench/torch_baseline.py not present"
 fi
