@@ -142,8 +142,6 @@ dsa::IndexerCacheDesc idx_desc(const BatchSpec& s, RunBuffers& b) {
   return c;
 }
 
-// (dsa::mla_cache_dtype_name is declared in cache.h but not defined by the library yet.)
-const char* mla_dtype_name(dsa::MlaCacheDtype d) { return d == dsa::MlaCacheDtype::kFP8 ? "fp8" : "bf16"; }
 
 int num_seqs(const BatchSpec& s) { return static_cast<int>(s.seqs.size()); }
 
@@ -426,7 +424,7 @@ StageResult stage_write_mla_cache(const BatchSpec& s, RunBuffers& b) {
   p.where.slots = view(*b.slots, dsa::DType::kI64, {T});
   p.cache = mla_desc(s, b);
   return timed(s, "write_mla_cache",
-               std::to_string(T) + " tokens by slot, " + mla_dtype_name(s.mla_dtype) + " layout",
+               std::to_string(T) + " tokens by slot, " + dsa::mla_cache_dtype_name(s.mla_dtype) + " layout",
                [&] { return dsa::write_mla_cache(p); });
 }
 
@@ -494,7 +492,7 @@ StageResult stage_sparse_mla(const BatchSpec& s, RunBuffers& b) {
   dsa::SparseMlaParams p = sparse_params(s, b);
   return timed(s, "sparse_mla",
                std::to_string(s.num_sparse_rows) + " rows x " + std::to_string(s.geo.num_heads) + " heads, paged " +
-                   mla_dtype_name(s.mla_dtype),
+                   dsa::mla_cache_dtype_name(s.mla_dtype),
                [&] { return dsa::sparse_mla(p); });
 }
 
@@ -503,7 +501,7 @@ StageResult stage_dense_mla(const BatchSpec& s, RunBuffers& b) {
   dsa::DenseMlaParams p = dense_params(s, b);
   return timed(s, "dense_mla",
                std::to_string(s.num_dense_rows) + " rows of " + std::to_string(s.num_dense_seqs) +
-                   " sequence(s) (kv_len <= topk), causal, paged " + mla_dtype_name(s.mla_dtype),
+                   " sequence(s) (kv_len <= topk), causal, paged " + dsa::mla_cache_dtype_name(s.mla_dtype),
                [&] { return dsa::dense_mla(p); });
 }
 
