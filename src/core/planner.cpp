@@ -25,34 +25,41 @@ Status limit(const std::string& what) { return Status(StatusCode::kLimitExceeded
 
 void* fake_ptr() { return reinterpret_cast<void*>(static_cast<uintptr_t>(1) << 12); }
 
-// Backend workspace of sparse / dense MLA at the plan's largest shapes (0 on the CPU).
+// Backend workspace of sparse / dense MLA (0 on the CPU). A backend may split the keys of a
+// small call across more blocks and need scratch only then (the CUDA kernels do, below ~2
+// tiles per SM), so this is the maximum over every row count a call can have, up to 2048 (past
+// which a device with <= 1024 SMs has enough row tiles), and, for dense, over any key count
+// (the caller's block-table width sets it): the query at a very wide table bounds them all.
 int64_t attention_scratch(const PlannerConfig& c, int64_t rows) {
   if (c.device.type == DeviceType::kCPU) return 0;
-  const int64_t H = c.geometry.num_heads, K = c.geometry.topk, B = c.max_seqs_per_step;
+  const int64_t H = c.geometry.num_heads, K = c.geometry.topk;
   MlaCacheDesc cache;
   cache.data = fake_ptr();
   cache.dtype = c.cache_dtype;
   cache.num_blocks = 1;
   cache.page_size = c.page_size;
   cache.device = c.device;
-  SparseMlaParams s;
-  s.q = make_tensor(fake_ptr(), DType::kBF16, {rows, H, kQkDim}, c.device);
-  s.kv.paged = cache;
-  s.indices = make_tensor(fake_ptr(), DType::kI32, {rows, K}, c.device);
-  s.sm_scale = 1.0f;
-  s.out = make_tensor(fake_ptr(), DType::kBF16, {rows, H, kLatentDim}, c.device);
-  s.lse = make_tensor(fake_ptr(), DType::kF32, {rows, H}, c.device);
-  DenseMlaParams d;
-  d.q = s.q;
-  d.kv.paged = cache;
-  d.cu_seqlens_q = make_tensor(fake_ptr(), DType::kI32, {B + 1}, c.device);
-  const int64_t max_blocks = (c.max_context + c.page_size - 1) / c.page_size;
-  d.block_table = make_tensor(fake_ptr(), DType::kI32, {B, max_blocks}, c.device);
-  d.kv_lens = make_tensor(fake_ptr(), DType::kI32, {B}, c.device);
-  d.sm_scale = 1.0f;
-  d.out = s.out;
-  d.lse = s.lse;
-  const size_t need = std::max(sparse_mla_workspace_size(s), dense_mla_workspace_size(d));
+  const int64_t wide_blocks = ((int64_t{1} << 24) + c.page_size - 1) / c.page_size;
+  size_t need = 0;
+  for (int64_t t = 1; t <= std::min<int64_t>(rows, 2048); ++t) {
+    SparseMlaParams s;
+    s.q = make_tensor(fake_ptr(), DType::kBF16, {t, H, kQkDim}, c.device);
+    s.kv.paged = cache;
+    s.indices = make_tensor(fake_ptr(), DType::kI32, {t, K}, c.device);
+    s.sm_scale = 1.0f;
+    s.out = make_tensor(fake_ptr(), DType::kBF16, {t, H, kLatentDim}, c.device);
+    s.lse = make_tensor(fake_ptr(), DType::kF32, {t, H}, c.device);
+    DenseMlaParams d;
+    d.q = s.q;
+    d.kv.paged = cache;
+    d.cu_seqlens_q = make_tensor(fake_ptr(), DType::kI32, {2}, c.device);
+    d.block_table = make_tensor(fake_ptr(), DType::kI32, {1, wide_blocks}, c.device);
+    d.kv_lens = make_tensor(fake_ptr(), DType::kI32, {1}, c.device);
+    d.sm_scale = 1.0f;
+    d.out = s.out;
+    d.lse = s.lse;
+    need = std::max({need, sparse_mla_workspace_size(s), dense_mla_workspace_size(d)});
+  }
   return static_cast<int64_t>(need);
 }
 
