@@ -139,6 +139,14 @@ else
     "$GPU_TESTS" --gtest_filter="${RACECHECK_FILTER:-Gpu*}"
 fi
 
+# ---- the main job on the GPU --------------------------------------------------------------
+if [ -x "$BUILD/tools/dsa" ]; then
+  step dsa_run 120 "$BUILD/tools/dsa" run --backend cuda
+  step dsa_run_fp8 120 "$BUILD/tools/dsa" run --backend cuda --mla-cache fp8 --hadamard
+else
+  skip dsa_run "tools/dsa not built"
+fi
+
 # ---- short benchmarks -------------------------------------------------------------------
 if [ -x "$BUILD/tools/dsa" ]; then
   # shellcheck disable=SC2086
