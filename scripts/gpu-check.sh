@@ -139,18 +139,30 @@ else
     "$GPU_TESTS" --gtest_filter="${RACECHECK_FILTER:-Gpu*}"
 fi
 
+# ---- the main job on the GPU --------------------------------------------------------------
+if [ -x "$BUILD/tools/dsa" ]; then
+  step dsa_run 120 "$BUILD/tools/dsa" run --backend cuda
+  step dsa_run_fp8 120 "$BUILD/tools/dsa" run --backend cuda --mla-cache fp8 --hadamard
+else
+  skip dsa_run "tools/dsa not built"
+fi
+
 # ---- short benchmarks -------------------------------------------------------------------
 if [ -x "$BUILD/tools/dsa" ]; then
   # shellcheck disable=SC2086
-  step dsa_bench 100 "$BUILD/tools/dsa" bench ${DSA_BENCH_ARGS:---quick}
+  step dsa_bench 150 "$BUILD/tools/dsa" bench ${DSA_BENCH_ARGS:---quick} --json "$OUT/dsa_bench.json"
 else
   skip dsa_bench "tools/dsa not built"
 fi
 if [ -f bench/torch_baseline.py ]; then
   # shellcheck disable=SC2086
-  step torch_baseline 90 env PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" python3 bench/torch_baseline.py ${DSA_TORCH_ARGS:---quick --json $OUT/torch_baseline.json}
+  step torch_baseline 150 env PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" python3 bench/torch_baseline.py ${DSA_TORCH_ARGS:---quick} --json "$OUT/torch_baseline.json"
 else
   skip torch_baseline "bench/torch_baseline.py not present"
+fi
+if [ -f "$OUT/dsa_bench.json" ] && [ -f "$OUT/torch_baseline.json" ]; then
+  step compare 20 python3 bench/compare.py "$OUT/dsa_bench.json" "$OUT/torch_baseline.json"
+  python3 bench/compare.py --markdown "$OUT/dsa_bench.json" "$OUT/torch_baseline.json" > "$OUT/compare.md" 2>/dev/null
 fi
 
 # ---- summary ----------------------------------------------------------------------------
@@ -173,4 +185,8 @@ FAILS=$(awk -F'\t' '$2 == "FAIL" || $2 == "TIMEOUT"' "$OUT/steps.tsv" | wc -l)
 } > "$SUMMARY"
 echo
 cat "$SUMMARY"
+[ -f "$OUT/compare.log" ] && tail -n +3 "$OUT/compare.log"
+# The device tool returns at most 8 files: pack the logs, keep the summary and results loose.
+( cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=summary.txt --exclude='*.json' --exclude=compare.md ./* \
+    && find . -maxdepth 1 -type f ! -name logs.tgz ! -name summary.txt ! -name '*.json' ! -name compare.md -delete )
 [ "$FAILS" -eq 0 ]
