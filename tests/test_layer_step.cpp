@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 
 #include "oracle/oracle_attention.h"
@@ -195,12 +196,15 @@ struct RunOpts {
   bool force_score = false;
   const std::vector<int32_t>* indices_in = nullptr;
   const std::vector<int32_t>* positions = nullptr;  // RoPE positions
+  Attention* attn = nullptr;  // step with this object (and its plan) instead of a fresh one
 };
 
 Result run_step(World& w, const RunOpts& o) {
   Result r;
   w.reset();
-  Status ps = make_plan(config_for(w, o.budget), &r.plan);
+  Status ps = Status::Ok();
+  if (o.attn) r.plan = o.attn->plan();
+  else ps = make_plan(config_for(w, o.budget), &r.plan);
   if (!ps.ok()) {
     r.status = ps;
     return r;
@@ -239,8 +243,12 @@ Result run_step(World& w, const RunOpts& o) {
   p.lse = t_f32(r.lse.data(), {w.T, kH});
   p.workspace = ws.data();
   p.workspace_bytes = ws.size();
-  Attention attn(r.plan);
-  r.status = attn.step(p, &r.report);
+  if (o.attn) {
+    r.status = o.attn->step(p, &r.report);
+  } else {
+    Attention attn(r.plan);
+    r.status = attn.step(p, &r.report);
+  }
   r.workspace_intact = ws.intact();
   r.mla = w.mla;
   r.idx = w.idx;
@@ -709,6 +717,40 @@ TEST(LayerStep, Fp8CachePolicy) {
   expect_identical(one, ref, "fp8");
   o.budget = min_budget(w);
   expect_identical(one, run_step(w, o), "fp8 tiled");
+}
+
+TEST(LayerStep, OneObjectServesManyBatchesLikeFreshObjects) {
+  // The host staging (rows, dense runs' cu_seqlens, per-tiled-row tile tables) is rewritten by
+  // every step: batches of different shapes through one object, in any order, give the bits of
+  // a fresh object per step.
+  World a(tiny_geometry(), {{30, 30}, {5, 900}, {2, 2100}, {20, 20}, {3, 400}}, 16, 31);
+  World b(tiny_geometry(), {{1, 1500}, {40, 300}, {64, 64}, {2, 700}}, 16, 32);
+  World c(tiny_geometry(), {{2, 2100}}, 16, 33);
+  PlannerConfig cfg = config_for(a, kDefaultScoreBudgetBytes);
+  cfg.max_tokens_per_step = std::max({a.T, b.T, c.T});
+  cfg.max_context = std::max({a.max_kv, b.max_kv, c.max_kv});
+  cfg.max_seqs_per_step = std::max({a.B, b.B, c.B});
+  Plan roomy, plan;
+  DSA_ASSERT_OK(make_plan(cfg, &roomy));
+  cfg.score_budget_bytes = roomy.min_score_budget_bytes;
+  DSA_ASSERT_OK(make_plan(cfg, &plan));
+  std::unique_ptr<Attention> shared;
+  DSA_ASSERT_OK(Attention::create(plan, &shared));
+  ASSERT_NE(shared, nullptr);
+  DSA_ASSERT_OK(shared->status());
+  World* order[] = {&a, &b, &c, &b, &a, &c};
+  for (World* w : order) {
+    Attention fresh(plan);
+    RunOpts own, reused;
+    own.attn = &fresh;
+    reused.attn = shared.get();
+    Result ref = run_step(*w, own);
+    Result got = run_step(*w, reused);
+    expect_identical(ref, got, "reused object, batch of " + std::to_string(w->B) + " sequences");
+    EXPECT_GT(got.report.tiled_rows, 0);
+  }
+  EXPECT_TRUE(dsa_test::fails_naming(Attention::create(plan, nullptr), {"out"}));
+  EXPECT_GT(plan.host_bytes, 0);
 }
 
 TEST(LayerStep, StepsBeyondThePlanFailNamingTheLimit) {

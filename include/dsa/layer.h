@@ -1,9 +1,11 @@
 // One step of a DSA layer (SPEC §6): cache writes, per-sequence routing, and the sparse path
 // pipelined per chunk of query rows (score -> select -> map -> attend) inside a workspace whose
 // size the planner fixed. A step allocates nothing: device temporaries come from the caller's
-// workspace, host metadata from buffers the Attention object allocated at construction.
+// workspace, host metadata from buffers the Attention object allocated at construction (pinned
+// on CUDA, where a step can be captured in a CUDA graph: see Attention).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "dsa/cache.h"
@@ -78,19 +80,51 @@ struct StepReport {
 };
 
 // Not re-entrant: one step at a time per object (its host staging is reused by every step).
+//
+// CUDA: a step allocates nothing and makes no synchronising call (the one wait of eager steps,
+// below, is skipped under capture), so it can be captured into a CUDA graph
+// (cudaStreamBeginCapture on p.stream, any capture mode) and replayed. Per-step metadata is
+// copied with cudaMemcpyAsync from pinned host staging the object allocated at construction;
+// every copy of one step reads its own region of it.
+//   * A captured step replays exactly the batch it captured: routing, chunking and tiling are
+//     decided on the host at capture time, and the graph reads the metadata that step wrote
+//     into this object's staging. Replays recompute from the inputs' current contents (caches,
+//     q, ...) at the same addresses; a different batch shape needs another capture.
+//   * While a graph captured from it may be replayed, the object must run no other step (that
+//     would rewrite the staging the graph reads): one Attention object per captured graph,
+//     which is how engines capture per batch shape. Destroy the object only after the graph.
+//   * Begin a capture only once the object's earlier eager steps have completed (for example
+//     after synchronising their stream), since the capture reuses their staging.
+//   * Eager steps alternate between two staging slots; before rewriting a slot, a step waits
+//     for the copies of the step two before it (a cudaEventSynchronize that in practice never
+//     blocks; never done while capturing).
 class Attention {
  public:
-  // Keeps a copy of the plan and allocates the host staging it needs (plan.host_bytes).
+  // Keeps a copy of the plan and allocates the host staging it needs (plan.host_bytes; pinned
+  // memory when the plan's device is CUDA). Failure is reported by status(); a step of an
+  // object whose construction failed returns that status.
   explicit Attention(const Plan& plan);
+  // The same, handing out the object only when construction succeeded.
+  static Status create(const Plan& plan, std::unique_ptr<Attention>* out);
+  ~Attention();
+  Attention(const Attention&) = delete;
+  Attention& operator=(const Attention&) = delete;
+
   const Plan& plan() const { return plan_; }
+  Status status() const { return status_; }
   // One step; the report is optional. Steps beyond the plan's limits fail with kLimitExceeded
   // naming the limit; nothing else allocates or exceeds the plan's workspace.
   Status step(const StepParams& p, StepReport* report = nullptr);
 
  private:
   Plan plan_;
-  // host staging, sized from the plan at construction
-  std::vector<int32_t> row_seq_, row_len_, token_pos_, kv_lens_, dense_cu_, tiles_;
+  Status status_;
+  int32_t* staging_ = nullptr;          // core::HostStaging layout, plan.host_bytes
+  bool pinned_ = false;                 // staging_ from cudaHostAlloc
+  std::vector<int32_t> host_staging_;   // the staging when not pinned (CPU plans)
+  int next_slot_ = 0;
+  void* slot_done_[2] = {nullptr, nullptr};  // cudaEvent_t: a slot's last eager copies
+  bool slot_pending_[2] = {false, false};
   std::vector<Route> route_;
 };
 

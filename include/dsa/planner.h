@@ -50,7 +50,7 @@ struct Plan {
 
   // ---- workspace ----
   int64_t workspace_bytes = 0;       // the arena a step needs (device memory)
-  int64_t host_bytes = 0;            // host staging an Attention object allocates once
+  int64_t host_bytes = 0;            // host staging an Attention object allocates once (pinned on CUDA)
   int64_t score_budget_bytes = 0;    // the budget given
   int64_t score_region_bytes = 0;    // the arena's scoring part: <= score_budget_bytes
   int64_t min_score_budget_bytes = 0;  // the smallest budget that serves these limits

@@ -54,8 +54,8 @@ Status upload(void* dst, const void* src, size_t bytes, Device dev, void* stream
     return Status::Ok();
   }
 #if defined(DSA_WITH_CUDA)
-  // Pageable source: the call returns once the bytes are staged, so the host buffer may be
-  // reused at once; ordered on the step's stream like every op.
+  // Pinned source (the object's staging): asynchronous, ordered on the step's stream like
+  // every op, and capturable; the source region is not rewritten while the copy may be pending.
   if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)) != cudaSuccess) {
     return Status(StatusCode::kDeviceError, std::string(kOp) + ": metadata upload failed");
   }
@@ -88,18 +88,78 @@ const char* route_name(Route r) {
 }
 
 Attention::Attention(const Plan& plan) : plan_(plan) {
-  const size_t T = static_cast<size_t>(plan.max_rows);
-  const size_t B = static_cast<size_t>(plan.config.max_seqs_per_step);
-  row_seq_.resize(T);
-  row_len_.resize(T);
-  token_pos_.resize(T);
-  kv_lens_.resize(B);
-  dense_cu_.resize(2 * B + 1);
-  tiles_.resize(3 * static_cast<size_t>(std::max<int64_t>(plan.max_tiles, 1)));
-  route_.resize(B);
+  const core::HostStaging h = core::host_staging(plan);
+  const size_t words = static_cast<size_t>(h.total_words());
+  route_.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
+#if defined(DSA_WITH_CUDA)
+  if (plan.config.device.type == DeviceType::kCUDA) {
+    int previous = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(plan.config.device.index) != cudaSuccess) {
+      cudaGetLastError();
+      status_ = Status(StatusCode::kDeviceError, std::string(kOp) + ": plan.config.device: cannot select CUDA device " +
+                                                     num(plan.config.device.index));
+      return;
+    }
+    void* mem = nullptr;
+    cudaError_t e = cudaHostAlloc(&mem, words * sizeof(int32_t), cudaHostAllocPortable);
+    if (e == cudaSuccess) {
+      staging_ = static_cast<int32_t*>(mem);
+      pinned_ = true;
+      for (int i = 0; i < h.slots && e == cudaSuccess; ++i) {
+        cudaEvent_t ev = nullptr;
+        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        slot_done_[i] = ev;
+      }
+    }
+    cudaSetDevice(previous);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      status_ = Status(StatusCode::kDeviceError, std::string(kOp) + ": cannot allocate " +
+                                                     num(static_cast<int64_t>(words * sizeof(int32_t))) +
+                                                     " bytes of pinned host staging (plan.host_bytes): " + cudaGetErrorString(e));
+      return;
+    }
+  }
+#endif
+  if (staging_ == nullptr) {
+    host_staging_.assign(words, 0);
+    staging_ = host_staging_.data();
+  }
+  // Tile table, constant for the plan: every tile but a row's last is full.
+  const int64_t mt = std::max<int64_t>(plan.max_tiles, 1), Wt = plan.tile_width, K = plan.config.geometry.topk;
+  int32_t* tt = staging_ + h.tile_table;
+  for (int64_t i = 0; i < mt; ++i) {
+    tt[i] = static_cast<int32_t>(i * Wt);
+    tt[mt + i] = static_cast<int32_t>(Wt);
+    tt[2 * mt + i] = static_cast<int32_t>(K + std::min(Wt, K));
+  }
+}
+
+Status Attention::create(const Plan& plan, std::unique_ptr<Attention>* out) {
+  if (out == nullptr) return invalid("create: out: expected a non-null std::unique_ptr<Attention>*");
+  std::unique_ptr<Attention> a(new Attention(plan));
+  if (!a->status().ok()) return a->status();
+  *out = std::move(a);
+  return Status::Ok();
+}
+
+Attention::~Attention() {
+#if defined(DSA_WITH_CUDA)
+  // The last eager steps' copies may still read the staging.
+  for (int i = 0; i < 2; ++i) {
+    if (slot_done_[i] && slot_pending_[i]) cudaEventSynchronize(static_cast<cudaEvent_t>(slot_done_[i]));
+  }
+  for (void*& ev : slot_done_) {
+    if (ev) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
+    ev = nullptr;
+  }
+  if (pinned_) cudaFreeHost(staging_);
+#endif
+  staging_ = nullptr;
 }
 
 Status Attention::step(const StepParams& p, StepReport* report) {
+  if (!status_.ok()) return status_;
   const auto t_begin = Clock::now();
   StepReport rep;
   rep.workspace_plan_bytes = plan_.workspace_bytes;
@@ -182,12 +242,61 @@ Status Attention::step(const StepParams& p, StepReport* report) {
                                                       num(plan_.workspace_bytes) + " bytes (plan.workspace_bytes), got " +
                                                       (p.workspace ? num(static_cast<int64_t>(p.workspace_bytes)) : "none"));
 
+  // ---- host staging: this step's slot ----
+  const core::HostStaging hs = core::host_staging(plan_);
+  int slot = 0;
+  bool capturing = false;
+#if defined(DSA_WITH_CUDA)
+  if (pinned_) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(p.stream), &cs) != cudaSuccess) {
+      cudaGetLastError();
+      return Status(StatusCode::kDeviceError, std::string(kOp) + ": stream: cannot query its capture status");
+    }
+    capturing = cs != cudaStreamCaptureStatusNone;
+    slot = next_slot_;
+    next_slot_ = (next_slot_ + 1) % hs.slots;
+    // The step two before may still have copies queued from this slot (never while capturing:
+    // a capture begins after the object's eager steps completed, layer.h).
+    if (!capturing && slot_pending_[slot]) {
+      if (cudaEventSynchronize(static_cast<cudaEvent_t>(slot_done_[slot])) != cudaSuccess) {
+        cudaGetLastError();
+        return Status(StatusCode::kDeviceError, std::string(kOp) + ": an earlier step's work on the device failed");
+      }
+      slot_pending_[slot] = false;
+    }
+  }
+#endif
+  // Marks, on every exit once copies may be queued, the point after this step's last copy.
+  struct SlotRecord {
+    Attention* self;
+    int slot;
+    bool active;
+    void* stream;
+    ~SlotRecord() {
+#if defined(DSA_WITH_CUDA)
+      if (active && cudaEventRecord(static_cast<cudaEvent_t>(self->slot_done_[slot]), static_cast<cudaStream_t>(stream)) == cudaSuccess)
+        self->slot_pending_[slot] = true;
+#endif
+    }
+  } slot_record{this, slot, pinned_ && !capturing, p.stream};
+  (void)slot_record;
+  int32_t* const stage = staging_ + hs.slot_begin + slot * hs.slot_words;
+  int32_t* const row_seq_h = stage + hs.row_seq;
+  int32_t* const row_len_h = stage + hs.row_len;
+  int32_t* const token_pos_h = stage + hs.token_pos;
+  int32_t* const kv_lens_h = stage + hs.kv_lens;
+  int32_t* const dense_cu_h = stage + hs.dense_cu;
+  int32_t* const tile_last_h = stage + hs.tile_last;
+  const int32_t* const tile_table = staging_ + hs.tile_table;
+  const int64_t tile_stride = hs.tile_words / 3;
+
   // ---- host metadata: routes, rows ----
   int64_t t = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int32_t ql = p.q_lens.ptr<const int32_t>()[b * p.q_lens.stride[0]];
     const int32_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
-    kv_lens_[b] = kl;
+    kv_lens_h[b] = kl;
     Route r;
     if (p.role == IndexerRole::kMtp) r = Route::kSparseScored;          // its indices are consumed
     else if (kl <= K && !(p.role == IndexerRole::kFull && p.force_score)) r = Route::kDense;  // top-k = everything
@@ -196,9 +305,9 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     rep.seqs[static_cast<int>(r)] += 1;
     rep.rows[static_cast<int>(r)] += ql;
     for (int32_t i = 0; i < ql; ++i, ++t) {
-      row_seq_[t] = static_cast<int32_t>(b);
-      token_pos_[t] = kl - ql + i;
-      row_len_[t] = kl - ql + i + 1;
+      row_seq_h[t] = static_cast<int32_t>(b);
+      token_pos_h[t] = kl - ql + i;
+      row_len_h[t] = kl - ql + i + 1;
     }
   }
 
@@ -207,10 +316,10 @@ Status Attention::step(const StepParams& p, StepReport* report) {
   if (!core::layout_step(arena, plan_, &lay)) return internal("the step layout does not fit plan.workspace_bytes");
   const int64_t score_offset = static_cast<int64_t>(static_cast<uint8_t*>(lay.score) - static_cast<uint8_t*>(p.workspace));
   Status st;
-  if (!(st = upload(lay.row_seq, row_seq_.data(), T * 4, dev, p.stream)).ok()) return st;
-  if (!(st = upload(lay.row_len, row_len_.data(), T * 4, dev, p.stream)).ok()) return st;
-  if (!(st = upload(lay.token_pos, token_pos_.data(), T * 4, dev, p.stream)).ok()) return st;
-  if (!(st = upload(lay.kv_lens, kv_lens_.data(), B * 4, dev, p.stream)).ok()) return st;
+  if (!(st = upload(lay.row_seq, row_seq_h, T * 4, dev, p.stream)).ok()) return st;
+  if (!(st = upload(lay.row_len, row_len_h, T * 4, dev, p.stream)).ok()) return st;
+  if (!(st = upload(lay.token_pos, token_pos_h, T * 4, dev, p.stream)).ok()) return st;
+  if (!(st = upload(lay.kv_lens, kv_lens_h, B * 4, dev, p.stream)).ok()) return st;
 
   const TensorDesc row_seq = dev_tensor(lay.row_seq, DType::kI32, {T}, dev);
   const TensorDesc row_len = dev_tensor(lay.row_len, DType::kI32, {T}, dev);
@@ -375,7 +484,7 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     if (!run.dense) return Status::Ok();
     const auto td = Clock::now();
     const int64_t nb = run.b1 - run.b0, n = run.r1 - run.r0;
-    int32_t* cu_host = dense_cu_.data() + cu_at;
+    int32_t* cu_host = dense_cu_h + cu_at;  // a region per dense run
     cu_host[0] = 0;
     for (int64_t b = run.b0; b < run.b1; ++b)
       cu_host[b - run.b0 + 1] = cu_host[b - run.b0] + p.q_lens.ptr<const int32_t>()[b * p.q_lens.stride[0]];
@@ -469,7 +578,7 @@ Status Attention::step(const StepParams& p, StepReport* report) {
       // Greedy chunk: add rows while the chunk's exact layout fits the score region.
       int64_t m = 0, width = 0;
       while (r0 + m < run.r1) {
-        const int64_t w2 = std::max<int64_t>(width, row_len_[r0 + m]);
+        const int64_t w2 = std::max<int64_t>(width, row_len_h[r0 + m]);
         if (plan_.chunk_bytes(m + 1, w2) > lay.score_bytes) break;
         width = w2;
         ++m;
@@ -500,22 +609,25 @@ Status Attention::step(const StepParams& p, StepReport* report) {
         continue;
       }
       // One row alone does not fit: score it in key tiles, merging partial top-k exactly.
-      const int64_t len = row_len_[r0], Wt = plan_.tile_width;
+      const int64_t len = row_len_h[r0], Wt = plan_.tile_width;
       if (Wt <= 0) return internal("a row of " + num(len) + " keys does not fit and the plan has no tile width");
       const int64_t ntiles = (len + Wt - 1) / Wt;
       if (ntiles > plan_.max_tiles) return internal("a row needs more tiles than the plan's max_tiles");
       core::TiledLayout tl;
       if (!core::layout_tiled(score_arena, dev, Wt, plan_.max_tiles, K, &tl)) return internal("tiled row does not fit the score region");
-      int32_t* th = tiles_.data();
-      for (int64_t i = 0; i < ntiles; ++i) {
-        const int64_t tlen = std::min(Wt, len - i * Wt);
-        th[i] = static_cast<int32_t>(i * Wt);
-        th[ntiles + i] = static_cast<int32_t>(tlen);
-        th[2 * ntiles + i] = static_cast<int32_t>(K + std::min(tlen, K));
-      }
-      if (!(s = upload(tl.tile_offset, th, ntiles * 4, dev, p.stream)).ok()) return s;
-      if (!(s = upload(tl.tile_len, th + ntiles, ntiles * 4, dev, p.stream)).ok()) return s;
-      if (!(s = upload(tl.merge_len, th + 2 * ntiles, ntiles * 4, dev, p.stream)).ok()) return s;
+      // Tile tables (the score region is reused between rows, so each tiled row uploads its
+      // own): offsets and the full tiles from the constant table, the last tile from this row's
+      // own staging words.
+      int32_t* last = tile_last_h + 2 * rep.tiled_rows;
+      const int64_t last_len = len - (ntiles - 1) * Wt;
+      last[0] = static_cast<int32_t>(last_len);
+      last[1] = static_cast<int32_t>(K + std::min(last_len, K));
+      const size_t full = static_cast<size_t>(ntiles - 1) * 4;
+      if (!(s = upload(tl.tile_offset, tile_table, ntiles * 4, dev, p.stream)).ok()) return s;
+      if (!(s = upload(tl.tile_len, tile_table + tile_stride, full, dev, p.stream)).ok()) return s;
+      if (!(s = upload(tl.tile_len + ntiles - 1, last, 4, dev, p.stream)).ok()) return s;
+      if (!(s = upload(tl.merge_len, tile_table + 2 * tile_stride, full, dev, p.stream)).ok()) return s;
+      if (!(s = upload(tl.merge_len + ntiles - 1, last + 1, 4, dev, p.stream)).ok()) return s;
       const TensorDesc dest = p.indices_out.present() ? rows(p.indices_out, r0, 1)
                                                       : dev_tensor(tl.idx, DType::kI32, {1, K}, dev);
       int cur = 0;

@@ -183,7 +183,7 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
                                    "aligns the first buffer of an unaligned workspace"});
     p.workspace_bytes = a.used() + core::Arena::kAlign;
   }
-  p.host_bytes = (3 * max_rows + c.max_seqs_per_step * 4 + 1 + 3 * std::max<int64_t>(p.max_tiles, 1)) * 4;
+  p.host_bytes = core::host_staging(p).total_words() * 4;
 
   // ---- KV cache after the reservation ----
   p.mla_layers = g.num_layers + g.num_mtp_layers;

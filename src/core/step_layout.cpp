@@ -1,5 +1,7 @@
 #include "core/step_layout.h"
 
+#include <algorithm>
+
 #include "dsa/topk.h"
 
 namespace dsa {
@@ -105,6 +107,23 @@ bool layout_step(Arena& a, const Plan& plan, StepLayout* o, std::vector<PlanBuff
   o->score = score;
   o->score_bytes = plan.score_region_bytes;
   return ok;
+}
+
+HostStaging host_staging(const Plan& plan) {
+  const int64_t T = plan.max_rows, B = plan.config.max_seqs_per_step;
+  HostStaging h;
+  h.tile_table = 0;
+  h.tile_words = 3 * std::max<int64_t>(plan.max_tiles, 1);
+  h.slot_begin = h.tile_words;
+  h.row_seq = 0;
+  h.row_len = h.row_seq + T;
+  h.token_pos = h.row_len + T;
+  h.kv_lens = h.token_pos + T;
+  h.dense_cu = h.kv_lens + B;
+  h.tile_last = h.dense_cu + 2 * B + 1;
+  h.slot_words = h.tile_last + 2 * T;
+  h.slots = plan.config.device.type == DeviceType::kCUDA ? 2 : 1;
+  return h;
 }
 
 }  // namespace core

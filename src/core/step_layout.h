@@ -73,5 +73,24 @@ struct StepLayout {
 };
 bool layout_step(Arena& a, const Plan& plan, StepLayout* out, std::vector<PlanBuffer>* names = nullptr);
 
+// The host staging of an Attention object, in i32 words (pinned memory on CUDA). Every upload
+// of one step reads its own region, written once per step and never rewritten while the step's
+// copies may be pending (or, under graph capture, while the graph replays them):
+//   tile_table: [3 * max(max_tiles, 1)] filled at construction: tile offsets i * tile_width,
+//               full tile lengths tile_width, full merge lengths topk + min(tile_width, topk).
+//   per slot:   row_seq [max_rows] | row_len [max_rows] | token_pos [max_rows] |
+//               kv_lens [max_seqs] | dense_cu [2 * max_seqs + 1] (one region per dense run) |
+//               tile_last [2 * max_rows] (last tile's length and merge length, per tiled row).
+// CUDA keeps two slots, used by alternate steps, so the host may prepare one step while the
+// previous one's copies are still queued.
+struct HostStaging {
+  int64_t tile_table = 0, tile_words = 0;
+  int64_t slot_begin = 0, slot_words = 0;
+  int64_t row_seq = 0, row_len = 0, token_pos = 0, kv_lens = 0, dense_cu = 0, tile_last = 0;  // in a slot
+  int slots = 1;
+  int64_t total_words() const { return slot_begin + slots * slot_words; }
+};
+HostStaging host_staging(const Plan& plan);
+
 }  // namespace core
 }  // namespace dsa
