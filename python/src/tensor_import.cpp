@@ -166,6 +166,16 @@ Imported Importer::raw(py::handle obj, const char* name, bool writable) {
     throw_type_error(std::string(name) + ": expected an array or tensor (numpy, torch, CuPy or any "
                      "DLPack producer), got " + type_name(obj));
   }
+  // An empty tensor's strides mean nothing (numpy reports 0 for some); give it compact ones.
+  bool empty = false;
+  for (int i = 0; i < t.ndim; ++i) empty |= t.shape[i] == 0;
+  if (empty) {
+    int64_t compact = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      t.stride[i] = compact;
+      compact *= t.shape[i] > 0 ? t.shape[i] : 1;
+    }
+  }
   if (writable && t.readonly) throw_value_error(std::string(name) + ": the array is read-only, but the op writes into it");
   return t;
 }
