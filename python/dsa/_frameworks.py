@@ -50,6 +50,8 @@ class Context:
     def __init__(self, op, like, name, stream=None):
         self.op = op
         self.fw = framework_of(like)
+        if like is None:
+            raise ValueError("%s: %s: is required" % (op, name))
         if self.fw is None:
             raise TypeError("%s: %s: expected an array or tensor (numpy, torch, CuPy or any DLPack "
                             "producer), got %s" % (op, name, type(like).__name__))

@@ -28,6 +28,8 @@ _CACHE_DTYPE = {None: -1, "bf16": 0, "fp8": 1}
 
 
 def _shape(op, name, x, ndim=None, labels=None):
+    if x is None:
+        raise ValueError("%s: %s: is required%s" % (op, name, " (expected a tensor of shape %s)" % labels if labels else ""))
     shape = getattr(x, "shape", None)
     if shape is None:
         raise TypeError("%s: %s: expected an array or tensor, got %s" % (op, name, type(x).__name__))

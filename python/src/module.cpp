@@ -18,11 +18,12 @@ using dsa_py::Reinterpret;
 
 namespace {
 
-using Renames = std::initializer_list<std::pair<const char*, const char*>>;
+// A vector, not an initializer_list: lambdas below keep their own copy beyond module init.
+using Renames = std::vector<std::pair<const char*, const char*>>;
 
 // The core names some arguments after their params fields ("kv.flat", "where.slots",
 // "logits"); the Python functions call them otherwise. Rewrite "op: from:" to "op: to:".
-std::string python_names(std::string msg, Renames renames) {
+std::string python_names(std::string msg, const Renames& renames) {
   for (const auto& r : renames) {
     const std::string from = std::string(": ") + r.first + ":";
     const std::string from_idx = std::string(": ") + r.first + "[";
@@ -37,7 +38,7 @@ std::string python_names(std::string msg, Renames renames) {
   return msg;
 }
 
-void check(const dsa::Status& s, Renames renames = {}) {
+void check(const dsa::Status& s, const Renames& renames = {}) {
   if (s.ok()) return;
   const std::string msg = python_names(s.message(), renames);
   switch (s.code()) {
@@ -67,7 +68,7 @@ void* as_stream(uintptr_t s) { return reinterpret_cast<void*>(s); }
 // (so it lives in torch's caching allocator, also under CUDA-graph capture).
 void* workspace(Importer& im, const py::object& alloc, size_t bytes) {
   if (bytes == 0) return nullptr;
-  if (alloc.is_none()) throw py::value_error("workspace: this call needs scratch memory but got no allocator");
+  if (alloc.is_none()) throw py::value_error("workspace: the call needs scratch memory but got no allocator");
   py::object buf = alloc(py::int_(bytes));
   return im.raw(buf, "workspace", true).data;
 }
@@ -126,7 +127,7 @@ PYBIND11_MODULE(_dsa, m) {
 
   // ---- indexer ------------------------------------------------------------------------
   m.def("quantize_fp8", [](py::object x, int64_t group, py::object out, py::object scale, uintptr_t stream) {
-    Importer im(stream);
+    Importer im("quantize_fp8", stream);
     dsa::QuantizeFp8Params p;
     p.x = im.tensor(x, "x", Reinterpret::kBF16);
     p.out = im.tensor(out, "out", Reinterpret::kE4M3, true);
@@ -139,7 +140,7 @@ PYBIND11_MODULE(_dsa, m) {
   m.def("prepare_indexer_q", [](py::object q, py::object weights, py::object positions, py::object cos_sin,
                                 int rope, bool hadamard, py::object q_out, py::object weights_out,
                                 py::object q_scale, uintptr_t stream) {
-    Importer im(stream);
+    Importer im("prepare_indexer_q", stream);
     dsa::PrepareIndexerQParams p;
     p.q = im.tensor(q, "q", Reinterpret::kBF16);
     p.weights = im.tensor(weights, "weights", Reinterpret::kBF16);
@@ -156,7 +157,7 @@ PYBIND11_MODULE(_dsa, m) {
 
   m.def("prepare_indexer_k", [](py::object k, py::object positions, py::object cos_sin, int rope, bool hadamard,
                                 py::object k_out, py::object k_scale, uintptr_t stream) {
-    Importer im(stream);
+    Importer im("prepare_indexer_k", stream);
     dsa::PrepareIndexerKParams p;
     p.k = im.tensor(k, "k", Reinterpret::kBF16);
     p.positions = im.tensor(positions, "positions");
@@ -171,7 +172,7 @@ PYBIND11_MODULE(_dsa, m) {
 
   m.def("indexer_logits", [](py::object q, py::object weights, py::object k, py::object k_scale, py::object ks,
                              py::object ke, int64_t col_offset, py::object logits, uintptr_t stream) {
-    Importer im(stream);
+    Importer im("indexer_logits", stream);
     dsa::IndexerLogitsParams p;
     p.q = im.tensor(q, "q", Reinterpret::kE4M3);
     p.weights = im.tensor(weights, "weights");
@@ -188,7 +189,7 @@ PYBIND11_MODULE(_dsa, m) {
   m.def("indexer_logits_paged", [](py::object q, py::object weights, py::object cache, int64_t page_size,
                                    py::object block_table, py::object kv_lens, int64_t next_n, py::object row_seq,
                                    py::object row_len, int64_t col_offset, py::object logits, uintptr_t stream) {
-    Importer im(stream);
+    Importer im("indexer_logits_paged", stream);
     dsa::IndexerLogitsPagedParams p;
     p.q = im.tensor(q, "q", Reinterpret::kE4M3);
     p.weights = im.tensor(weights, "weights");
@@ -207,7 +208,7 @@ PYBIND11_MODULE(_dsa, m) {
   // ---- top-k and index mapping ------------------------------------------------------------
   m.def("topk", [](py::object logits, py::object lengths, int64_t k, py::object indices, py::object values,
                    py::object alloc, uintptr_t stream) {
-    Importer im(stream);
+    Importer im("topk", stream);
     dsa::TopkParams p;
     p.logits = im.tensor(logits, "logits");
     p.lengths = im.tensor(lengths, "lengths");
@@ -222,7 +223,7 @@ PYBIND11_MODULE(_dsa, m) {
 
   m.def("map_indices", [](py::object indices, py::object row_seq, int64_t rows_per_seq, py::object kv_start,
                           py::object block_table, int64_t page_size, py::object out, uintptr_t stream) {
-    Importer im(stream);
+    Importer im("map_indices", stream);
     dsa::MapIndicesParams p;
     p.indices = im.tensor(indices, "indices");
     p.row_seq = im.tensor(row_seq, "row_seq");
@@ -252,7 +253,7 @@ PYBIND11_MODULE(_dsa, m) {
   m.def("write_indexer_cache", [where, where_names](py::object k, py::object k_scale, py::object cache, int64_t page_size,
                                                     py::object slots, py::object block_table, py::object token_seq,
                                                     py::object token_pos, uintptr_t stream) {
-    Importer im(stream);
+    Importer im("write_indexer_cache", stream);
     dsa::WriteIndexerCacheParams p;
     p.k = im.tensor(k, "k", Reinterpret::kE4M3);
     p.k_scale = im.tensor(k_scale, "k_scale");
@@ -265,7 +266,7 @@ PYBIND11_MODULE(_dsa, m) {
   m.def("write_mla_cache", [where, where_names](py::object kv_c, py::object k_pe, py::object cache, int cache_dtype,
                                                 int64_t page_size, py::object slots, py::object block_table,
                                                 py::object token_seq, py::object token_pos, uintptr_t stream) {
-    Importer im(stream);
+    Importer im("write_mla_cache", stream);
     dsa::WriteMlaCacheParams p;
     p.kv_c = im.tensor(kv_c, "kv_c", Reinterpret::kBF16);
     p.k_pe = im.tensor(k_pe, "k_pe", Reinterpret::kBF16);
@@ -277,7 +278,7 @@ PYBIND11_MODULE(_dsa, m) {
 
   m.def("read_mla_cache", [](py::object cache, int cache_dtype, int64_t page_size, py::object slots, py::object out,
                              uintptr_t stream) {
-    Importer im(stream);
+    Importer im("read_mla_cache", stream);
     dsa::ReadMlaCacheParams p;
     p.cache = im.mla_cache(cache, "cache", cache_dtype, page_size);
     p.slots = im.tensor(slots, "slots");
@@ -290,7 +291,8 @@ PYBIND11_MODULE(_dsa, m) {
   // kv: a flat [S, 576] tensor (2 dims) or a paged MLA cache (3 dims).
   auto mla_kv = [](Importer& im, py::object kv, int cache_dtype, int64_t page_size) {
     dsa::MlaKv k;
-    const bool flat = py::len(kv.attr("shape")) == 2;
+    if (kv.is_none()) throw py::value_error(std::string(im.op()) + ": kv: is required");
+    const bool flat = py::hasattr(kv, "shape") && py::len(kv.attr("shape")) == 2;
     if (flat) k.flat = im.tensor(kv, "kv", Reinterpret::kBF16);
     else k.paged = im.mla_cache(kv, "kv", cache_dtype, page_size);
     return k;
@@ -301,7 +303,7 @@ PYBIND11_MODULE(_dsa, m) {
                                            py::object indices, py::object topk_length, py::object attn_sink,
                                            float sm_scale, py::object out, py::object lse, py::object alloc,
                                            uintptr_t stream) {
-    Importer im(stream);
+    Importer im("sparse_mla", stream);
     dsa::SparseMlaParams p;
     p.q = im.tensor(q, "q", Reinterpret::kBF16);
     p.kv = mla_kv(im, kv, cache_dtype, page_size);
@@ -321,7 +323,7 @@ PYBIND11_MODULE(_dsa, m) {
                                           py::object cu_seqlens_q, py::object cu_seqlens_k, py::object block_table,
                                           py::object kv_lens, py::object attn_sink, float sm_scale, py::object out,
                                           py::object lse, py::object alloc, uintptr_t stream) {
-    Importer im(stream);
+    Importer im("dense_mla", stream);
     dsa::DenseMlaParams p;
     p.q = im.tensor(q, "q", Reinterpret::kBF16);
     p.kv = mla_kv(im, kv, cache_dtype, page_size);

@@ -89,14 +89,15 @@ std::string shape_str(const Imported& t) {
 
 Imported Importer::raw(py::handle obj, const char* name, bool writable) {
   Imported t;
+  if (obj.is_none()) throw_value_error(prefix(name) + ": is required");
   if (is_numpy_array(obj)) {
     auto arr = py::reinterpret_borrow<py::array>(obj);
     t.src = numpy_src(arr.dtype(), &t.src_name);
     t.itemsize = static_cast<int64_t>(arr.itemsize());
     const std::string order = py::str(arr.dtype().attr("byteorder")).cast<std::string>();
-    if (order == ">") throw_type_error(std::string(name) + ": expected native byte order, got a big-endian " + t.src_name + " array");
+    if (order == ">") throw_type_error(prefix(name) + ": expected native byte order, got a big-endian " + t.src_name + " array");
     if (arr.ndim() > dsa::kMaxDims) {
-      throw_value_error(std::string(name) + ": expected at most " + std::to_string(dsa::kMaxDims) +
+      throw_value_error(prefix(name) + ": expected at most " + std::to_string(dsa::kMaxDims) +
                         " dims, got " + std::to_string(arr.ndim()));
     }
     t.ndim = static_cast<int>(arr.ndim());
@@ -104,7 +105,7 @@ Imported Importer::raw(py::handle obj, const char* name, bool writable) {
       t.shape[i] = static_cast<int64_t>(arr.shape(i));
       const int64_t bytes = static_cast<int64_t>(arr.strides(i));
       if (bytes % t.itemsize != 0) {
-        throw_value_error(std::string(name) + ": expected strides that are whole elements, got " +
+        throw_value_error(prefix(name) + ": expected strides that are whole elements, got " +
                           std::to_string(bytes) + " bytes in dim " + std::to_string(i) +
                           " for " + std::to_string(t.itemsize) + "-byte elements");
       }
@@ -128,18 +129,18 @@ Imported Importer::raw(py::handle obj, const char* name, bool writable) {
         capsule = obj.attr("__dlpack__")();
       }
     } catch (py::error_already_set& e) {
-      throw_type_error(std::string(name) + ": could not export it through DLPack (" + e.what() + ")");
+      throw_type_error(prefix(name) + ": could not export it through DLPack (" + e.what() + ")");
     }
     if (!PyCapsule_IsValid(capsule.ptr(), "dltensor")) {
-      throw_type_error(std::string(name) + ": __dlpack__ returned no unconsumed \"dltensor\" capsule");
+      throw_type_error(prefix(name) + ": __dlpack__ returned no unconsumed \"dltensor\" capsule");
     }
     auto* mt = static_cast<dl::ManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
     const dl::Tensor& d = mt->dl_tensor;
     t.src = dlpack_src(d.dtype, &t.src_name);
-    if (d.dtype.bits % 8 != 0) throw_type_error(std::string(name) + ": unsupported dtype " + t.src_name);
+    if (d.dtype.bits % 8 != 0) throw_type_error(prefix(name) + ": unsupported dtype " + t.src_name);
     t.itemsize = (d.dtype.bits / 8) * d.dtype.lanes;
     if (d.ndim > dsa::kMaxDims) {
-      throw_value_error(std::string(name) + ": expected at most " + std::to_string(dsa::kMaxDims) +
+      throw_value_error(prefix(name) + ": expected at most " + std::to_string(dsa::kMaxDims) +
                         " dims, got " + std::to_string(d.ndim));
     }
     t.ndim = d.ndim;
@@ -156,14 +157,14 @@ Imported Importer::raw(py::handle obj, const char* name, bool writable) {
       case dl::kCUDA:
       case dl::kCUDAManaged: t.device = dsa::cuda_device(d.device.device_id); break;
       default:
-        throw_type_error(std::string(name) + ": expected a CPU or CUDA tensor, got DLPack device type " +
+        throw_type_error(prefix(name) + ": expected a CPU or CUDA tensor, got DLPack device type " +
                          std::to_string(d.device.device_type));
     }
     // The capsule stays unconsumed: its destructor (the producer's) releases the tensor when
     // we drop it after the call.
     keep_.push_back(capsule);
   } else {
-    throw_type_error(std::string(name) + ": expected an array or tensor (numpy, torch, CuPy or any "
+    throw_type_error(prefix(name) + ": expected an array or tensor (numpy, torch, CuPy or any "
                      "DLPack producer), got " + type_name(obj));
   }
   // An empty tensor's strides mean nothing (numpy reports 0 for some); give it compact ones.
@@ -176,7 +177,7 @@ Imported Importer::raw(py::handle obj, const char* name, bool writable) {
       compact *= t.shape[i] > 0 ? t.shape[i] : 1;
     }
   }
-  if (writable && t.readonly) throw_value_error(std::string(name) + ": the array is read-only, but the op writes into it");
+  if (writable && t.readonly) throw_value_error(prefix(name) + ": the array is read-only, but the op writes into it");
   return t;
 }
 
@@ -193,18 +194,18 @@ dsa::TensorDesc Importer::tensor(py::handle obj, const char* name, Reinterpret h
     case SrcType::kU8: d.dtype = how == Reinterpret::kE4M3 ? dsa::DType::kE4M3 : dsa::DType::kU8; break;
     case SrcType::kU16:
       if (how != Reinterpret::kBF16) {
-        throw_type_error(std::string(name) + ": got uint16, which DSA reads as bf16 bits only where "
+        throw_type_error(prefix(name) + ": got uint16, which DSA reads as bf16 bits only where "
                          "the argument takes bf16");
       }
       d.dtype = dsa::DType::kBF16;
       break;
     case SrcType::kOther:
-      throw_type_error(std::string(name) + ": unsupported dtype " + t.src_name +
+      throw_type_error(prefix(name) + ": unsupported dtype " + t.src_name +
                        " (DSA takes float32, bfloat16 or its uint16 bits, float8_e4m3fn or its "
                        "uint8 bits, int32, int64)");
   }
   if (t.ndim == 0) {
-    throw_value_error(std::string(name) + ": expected a tensor with at least one dim, got a scalar");
+    throw_value_error(prefix(name) + ": expected a tensor with at least one dim, got a scalar");
   }
   d.data = t.data;
   d.ndim = t.ndim;
@@ -220,7 +221,7 @@ dsa::MlaCacheDesc Importer::mla_cache(py::handle obj, const char* name, int cach
                                       bool writable) {
   Imported t = raw(obj, name, writable);
   dsa::MlaCacheDesc c;
-  const std::string n(name);
+  const std::string n = prefix(name);
   if (t.ndim == 3) {
     const int64_t row_bytes = t.shape[2] * t.itemsize;
     if ((t.shape[2] > 1 && t.stride[2] != 1) || (t.shape[1] > 1 && t.stride[1] != t.shape[2])) {
@@ -279,7 +280,7 @@ dsa::IndexerCacheDesc Importer::indexer_cache(py::handle obj, const char* name, 
                                               bool writable) {
   Imported t = raw(obj, name, writable);
   dsa::IndexerCacheDesc c;
-  const std::string n(name);
+  const std::string n = prefix(name);
   if (t.ndim == 3) {
     if (t.shape[2] * t.itemsize != dsa::kIndexerTokenBytes) {
       throw_value_error(n + ": expected " + std::to_string(dsa::kIndexerTokenBytes) +

@@ -39,7 +39,8 @@ class Importer {
  public:
   // stream: the CUDA stream the op will run on (0: legacy default); passed to producers'
   // __dlpack__ so they order their pending work before it.
-  explicit Importer(uintptr_t stream) : stream_(stream) {}
+  // op: the op's name, which every message starts with.
+  Importer(const char* op, uintptr_t stream) : op_(op), stream_(stream) {}
 
   // Raw import: any element type. Raises TypeError/ValueError naming `name`.
   Imported raw(py::handle obj, const char* name, bool writable = false);
@@ -55,7 +56,11 @@ class Importer {
   dsa::IndexerCacheDesc indexer_cache(py::handle obj, const char* name, int64_t page_size,
                                       bool writable = false);
 
+  const char* op() const { return op_; }
+
  private:
+  std::string prefix(const char* name) const { return std::string(op_) + ": " + name; }
+  const char* op_;
   uintptr_t stream_;
   std::vector<py::object> keep_;
 };
