@@ -88,3 +88,13 @@ TEST(Core, DevicesMustAgreeAndBackendMustExist) {
   for (auto& n : compiled_backends()) has_cuda |= n == "cuda";
   if (!has_cuda) EXPECT_TRUE(dsa_test::fails_naming(st, {"op", "cuda:0", "cpu backend"}));
 }
+
+TEST(Core, CacheLayoutConstantsMatchSpec) {
+  EXPECT_EQ(mla_token_bytes(MlaCacheDtype::kBF16), 1152);
+  EXPECT_EQ(mla_token_bytes(MlaCacheDtype::kFP8), 656);
+  EXPECT_EQ(kMlaFp8ScaleOffset + 4 * 4, kMlaFp8RopeOffset);
+  EXPECT_EQ(kMlaFp8RopeOffset + 64 * 2, kMlaFp8TokenBytes);
+  EXPECT_EQ(kDefaultPageSize * kIndexerTokenBytes, 8448);
+  EXPECT_STREQ(mla_cache_dtype_name(MlaCacheDtype::kBF16), "bf16");
+  EXPECT_STREQ(mla_cache_dtype_name(MlaCacheDtype::kFP8), "fp8");
+}

@@ -1,5 +1,7 @@
 #include "dsa/types.h"
 
+#include "dsa/cache.h"
+
 namespace dsa {
 
 const char* dtype_name(DType dtype) {
@@ -69,6 +71,10 @@ TensorDesc make_tensor(void* data, DType dtype, std::initializer_list<int64_t> s
 TensorDesc make_tensor(const void* data, DType dtype, std::initializer_list<int64_t> shape,
                        Device device) {
   return make_tensor(const_cast<void*>(data), dtype, shape, device);
+}
+
+const char* mla_cache_dtype_name(MlaCacheDtype d) {
+  return d == MlaCacheDtype::kFP8 ? "fp8" : "bf16";
 }
 
 }  // namespace dsa

@@ -1,0 +1,104 @@
+// Launchers of the indexer logits family: indexer_logits (flat keys), indexer_logits_paged.
+// H_idx <= 64: the tensor-core kernel; more heads (or DSA_CUDA_LOGITS=simt): the SIMT kernel.
+// Grid: x = row (rows of a column tile are neighbours, so a key tile is reused from L2),
+// y = column chunk.
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/cuda_common.cuh"
+#include "cuda/cuda_ops.h"
+#include "cuda/indexer_logits_kernels.cuh"
+
+namespace dsa {
+namespace gpu {
+namespace {
+
+constexpr int64_t kMaxGridY = 65535;
+
+logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc& out, int64_t col_offset) {
+  logits::QArgs a{};
+  a.q = static_cast<const uint8_t*>(q.data);
+  a.q0 = q.stride[0];
+  a.q1 = q.stride[1];
+  a.w = static_cast<const float*>(w.data);
+  a.w0 = w.stride[0];
+  a.w1 = w.stride[1];
+  a.out = static_cast<float*>(out.data);
+  a.out0 = out.stride[0];
+  a.rows = q.shape[0];
+  a.heads = q.shape[1];
+  a.width = out.shape[1];
+  a.col_offset = col_offset;
+  return a;
+}
+
+// DSA_CUDA_LOGITS=simt selects the SIMT reference kernel (for diagnosis on a new device).
+bool simt_forced() {
+  const char* v = std::getenv("DSA_CUDA_LOGITS");
+  return v != nullptr && std::strcmp(v, "simt") == 0;
+}
+
+template <class Keys>
+StatusCode launch(const logits::QArgs& a, const Keys& keys, void* stream) {
+  if (a.rows == 0 || a.width == 0) return StatusCode::kOk;
+  if (a.rows > 0x7fffffffLL) return StatusCode::kUnsupported;
+  const cudaStream_t s = as_stream(stream);
+  if (a.heads <= 64 && !simt_forced()) {
+    const int64_t chunks = ceil_div(a.width, logits::kMmaChunk);
+    if (chunks > kMaxGridY) return StatusCode::kUnsupported;
+    const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(chunks));
+    if (a.heads <= 32) {
+      logits::logits_mma_kernel<Keys, 2><<<grid, logits::kMmaThreads, 0, s>>>(a, keys);
+    } else {
+      logits::logits_mma_kernel<Keys, 4><<<grid, logits::kMmaThreads, 0, s>>>(a, keys);
+    }
+    return last_launch_status();
+  }
+  const int64_t tiles = ceil_div(a.width, logits::kTileKeys);
+  if (tiles > kMaxGridY) return StatusCode::kUnsupported;
+  const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(tiles));
+  if (a.heads <= 32) {
+    logits::logits_tile_kernel<Keys, 2><<<grid, logits::kThreads, 0, s>>>(a, keys);
+  } else {
+    logits::logits_tile_kernel<Keys, 4><<<grid, logits::kThreads, 0, s>>>(a, keys);
+  }
+  return last_launch_status();
+}
+
+}  // namespace
+
+StatusCode indexer_logits(const IndexerLogitsParams& p) {
+  logits::QArgs a = q_args(p.q, p.weights, p.logits, p.col_offset);
+  logits::FlatKeys keys{};
+  keys.k = static_cast<const uint8_t*>(p.k.data);
+  keys.k0 = p.k.stride[0];
+  keys.k_scale = static_cast<const float*>(p.k_scale.data);
+  keys.ks0 = p.k_scale.stride[0];
+  keys.ks = i32_vec(p.ks);
+  keys.ke = i32_vec(p.ke);
+  keys.n = p.k.shape[0];
+  keys.aligned16 = reinterpret_cast<uintptr_t>(p.k.data) % 16 == 0 && p.k.stride[0] % 16 == 0;
+  return launch(a, keys, p.stream);
+}
+
+StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
+  logits::QArgs a = q_args(p.q, p.weights, p.logits, p.col_offset);
+  logits::PagedKeys keys{};
+  keys.cache = static_cast<const uint8_t*>(p.cache.data);
+  keys.block_bytes = p.cache.block_bytes();
+  keys.page_size = p.cache.page_size;
+  keys.num_blocks = p.cache.num_blocks;
+  keys.block_table = i32_mat(p.block_table);
+  keys.general = p.row_seq.present();
+  if (keys.general) {
+    keys.row_seq = i32_vec(p.row_seq);
+    keys.row_len = i32_vec(p.row_len);
+  } else {
+    keys.kv_lens = i32_vec(p.kv_lens);
+    keys.next_n = p.next_n;
+  }
+  return launch(a, keys, p.stream);
+}
+
+}  // namespace gpu
+}  // namespace dsa
