@@ -22,6 +22,9 @@ from ._ops import (
     write_mla_cache,
 )
 
+if hasattr(_dsa, "make_plan"):  # built from a tree with the planner (dsa/planner.h, dsa/layer.h)
+    from ._layer import Attention, Plan, Planner, plan  # noqa: F401
+
 __version__ = _dsa.version()
 
 # Byte sizes of the cache layouts (SPEC 4).
@@ -88,3 +91,5 @@ __all__ = [
     "num_threads", "prepare_indexer_k", "prepare_indexer_q", "quantize_fp8", "read_mla_cache",
     "set_num_threads", "sparse_mla", "topk", "version", "write_indexer_cache", "write_mla_cache",
 ]
+if hasattr(_dsa, "make_plan"):
+    __all__ += ["Attention", "Plan", "Planner", "plan"]

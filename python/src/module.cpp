@@ -75,6 +75,10 @@ void* workspace(Importer& im, const py::object& alloc, size_t bytes) {
 
 }  // namespace
 
+#if defined(DSA_PY_HAVE_LAYER)
+void bind_layer(py::module_& m);  // layer_bindings.cpp
+#endif
+
 PYBIND11_MODULE(_dsa, m) {
   m.doc() = "DSA core bindings (internal: use the functions of the dsa package).";
 
@@ -340,4 +344,8 @@ PYBIND11_MODULE(_dsa, m) {
     p.workspace = workspace(im, alloc, p.workspace_bytes);
     check(run_nogil([&] { return dsa::dense_mla(p); }), attn_names);
   });
+
+#if defined(DSA_PY_HAVE_LAYER)
+  bind_layer(m);
+#endif
 }
