@@ -253,10 +253,11 @@ def topk(logits, lengths, k, *, return_values=False, out=None, values=None, stre
     M = _shape(op, "logits", logits, 2, "[M, W]")[0]
     k = _int(op, "k", k)
     ctx = Context(op, logits, "logits", stream)
-    if out is None:
-        out = ctx.empty((M, max(k, 0)), "i32")
-    if values is None and return_values:
-        values = ctx.empty((M, max(k, 0)), "f32")
+    k_ok = 0 < k <= 16384  # else allocate nothing: the C++ check names k
+    if out is None and k_ok:
+        out = ctx.empty((M, k), "i32")
+    if values is None and return_values and k_ok:
+        values = ctx.empty((M, k), "f32")
     with ctx.device_guard():
         _dsa.topk(ctx.prep(logits), ctx.prep(lengths), k, ctx.prep(out), ctx.prep(values),
                   ctx.workspace_allocator(), ctx.stream)

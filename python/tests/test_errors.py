@@ -75,6 +75,8 @@ def test_topk_errors():
     logits = np.zeros((2, 100), np.float32)
     with raises(ValueError, "topk", "k"):
         dsa.topk(logits, np.zeros(2, np.int32), 50)
+    with raises(ValueError, "topk", "k"):
+        dsa.topk(logits, np.zeros(2, np.int32), 1 << 40)  # refused before any allocation
     with raises(ValueError, "topk", "lengths[1]"):
         dsa.topk(logits, np.array([1, 101], np.int32), 64)
     with raises(TypeError, "topk", "lengths"):
