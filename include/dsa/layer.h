@@ -1,0 +1,97 @@
+// One step of a DSA layer (SPEC §6): cache writes, per-sequence routing, and the sparse path
+// pipelined per chunk of query rows (score -> select -> map -> attend) inside a workspace whose
+// size the planner fixed. A step allocates nothing: device temporaries come from the caller's
+// workspace, host metadata from buffers the Attention object allocated at construction.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "dsa/cache.h"
+#include "dsa/geometry.h"
+#include "dsa/planner.h"
+#include "dsa/status.h"
+#include "dsa/types.h"
+
+namespace dsa {
+
+// How one sequence of a step is served.
+enum class Route : int32_t {
+  kDense = 0,         // dense causal MLA; never scored (kv_len <= topk)
+  kSparseScored = 1,  // scored by this layer's indexer: score -> top-k -> map -> sparse MLA
+  kSparseShared = 2,  // a shared layer: the last full layer's indices -> map -> sparse MLA
+};
+const char* route_name(Route r);
+
+struct StepParams {
+  IndexerRole role = IndexerRole::kFull;
+
+  // The batch. B sequences; sequence b has q_lens[b] new tokens (a prefill, a chunk of one, or
+  // decode with next_n tokens) and kv_lens[b] tokens in the cache after the step; its new token
+  // i sits at position kv_lens[b] - q_lens[b] + i and sees keys 0 .. that position. Tokens are
+  // ordered by sequence: T = Σ q_lens.
+  TensorDesc q_lens;       // [B] i32, host memory
+  TensorDesc kv_lens;      // [B] i32, host memory
+  TensorDesc block_table;  // [B, max_blocks] i32 on the device: pages of both caches
+  TensorDesc positions;    // optional [T] i32 on the device: RoPE positions (default: cache positions)
+
+  // The new tokens' inputs.
+  TensorDesc kv_c;         // [T, 512] bf16/f32: MLA latent
+  TensorDesc k_pe;         // [T, 64] bf16/f32: rope(k_pe)
+  TensorDesc q;            // [T, H, 576] bf16 (f32 on the CPU too): absorbed queries
+  TensorDesc index_q;      // [T, H_idx, 128] f32/bf16 (full, mtp)
+  TensorDesc index_k;      // [T, 128] f32/bf16 (full, mtp)
+  TensorDesc index_w;      // [T, H_idx] f32/bf16 gates (full, mtp)
+  TensorDesc cos_sin;      // [max_positions, 64] f32 (full, mtp)
+  bool hadamard = false;   // Hadamard-128 on indexer q and k before FP8
+  TensorDesc attn_sink;    // optional [H] f32
+  float sm_scale = 0.0f;   // 0: the plan geometry's sm_scale
+
+  MlaCacheDesc mla_cache;        // written for every token
+  IndexerCacheDesc index_cache;  // full, mtp: written for every token; same page size as MLA
+
+  // Indices are request-local key positions [T, topk] i32, ascending, -1 padded.
+  TensorDesc indices_in;   // shared layers: the last full layer's indices (rows of sparse seqs read)
+  TensorDesc indices_out;  // optional (full, mtp): this layer's selection; dense rows get 0..L-1
+  bool force_score = false;  // full: score every sequence (its indices feed a consumer)
+
+  TensorDesc out;          // [T, H, 512] bf16/f32
+  TensorDesc lse;          // [T, H] f32
+
+  void* workspace = nullptr;   // >= plan.workspace_bytes on the plan's device
+  size_t workspace_bytes = 0;
+  void* stream = nullptr;
+};
+
+struct StepReport {
+  int64_t seqs[3] = {0, 0, 0};   // sequences per Route
+  int64_t rows[3] = {0, 0, 0};   // query rows per Route
+  int64_t score_chunks = 0;      // untiled scoring (or mapping, shared) chunks
+  int64_t tiled_rows = 0;        // rows scored in key-axis tiles
+  int64_t score_tiles = 0;       // tiles over all tiled rows
+  int64_t workspace_high_water_bytes = 0;  // arena high-water mark (alignment included)
+  int64_t score_high_water_bytes = 0;      // high-water of the score region
+  int64_t workspace_plan_bytes = 0;        // plan.workspace_bytes
+  int64_t score_budget_bytes = 0;          // plan.score_budget_bytes
+  // Host wall time per stage in ms (on CUDA: time to enqueue).
+  double ms_cache = 0, ms_prepare = 0, ms_score = 0, ms_select = 0, ms_map = 0, ms_sparse = 0,
+         ms_dense = 0, ms_total = 0;
+};
+
+// Not re-entrant: one step at a time per object (its host staging is reused by every step).
+class Attention {
+ public:
+  // Keeps a copy of the plan and allocates the host staging it needs (plan.host_bytes).
+  explicit Attention(const Plan& plan);
+  const Plan& plan() const { return plan_; }
+  // One step; the report is optional. Steps beyond the plan's limits fail with kLimitExceeded
+  // naming the limit; nothing else allocates or exceeds the plan's workspace.
+  Status step(const StepParams& p, StepReport* report = nullptr);
+
+ private:
+  Plan plan_;
+  // host staging, sized from the plan at construction
+  std::vector<int32_t> row_seq_, row_len_, token_pos_, kv_lens_, dense_cu_, tiles_;
+  std::vector<Route> route_;
+};
+
+}  // namespace dsa

@@ -1,0 +1,95 @@
+// The planner (SPEC §1, §6): fixes, before the KV cache is sized, the workspace that any step
+// within declared limits needs, with a hard bound on every temporary of scoring and selection;
+// then sizes the KV caches in what is left of the device memory.
+//
+// The workspace is one arena. Its "score region" (at most score_budget_bytes) holds every
+// temporary of scoring and selection: the score chunk with its row padding and alignment, the
+// top-k scratch (backend workspace included, via topk_workspace_size), the selected and mapped
+// index chunks and, when one row of scores alone exceeds the budget, the tile and merge
+// candidate buffers of key-axis tiling. A limit that cannot be served within the budget is
+// refused here, with the smallest budget that works in the message (docs/planner.md).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dsa/cache.h"
+#include "dsa/geometry.h"
+#include "dsa/status.h"
+#include "dsa/types.h"
+
+namespace dsa {
+
+constexpr int64_t kDefaultScoreBudgetBytes = int64_t{512} << 20;  // 512 MiB
+constexpr int64_t kWorkspaceAlignment = 256;  // every arena buffer starts at a multiple of this
+
+struct PlannerConfig {
+  ModelGeometry geometry;                          // a preset (geometry_preset) or custom
+  MlaCacheDtype cache_dtype = MlaCacheDtype::kBF16;  // BF16 default; FP8 is an explicit policy
+  int64_t page_size = kDefaultPageSize;            // one block table serves MLA and indexer caches
+  int64_t max_tokens_per_step = 8192;              // new tokens (query rows) per step
+  int64_t max_seqs_per_step = 256;
+  int64_t max_context = 0;                         // kv_len bound; 0: geometry.max_positions
+  int64_t max_next_n = 1;                          // decode tokens per sequence (MTP drafts + 1)
+  int64_t score_budget_bytes = kDefaultScoreBudgetBytes;
+  int64_t device_memory_bytes = 0;                 // memory for workspace + KV; 0: size no KV cache
+  double kv_cache_fraction = 0.9;                  // share of (memory - workspace) the KV may take
+  Device device{};
+};
+
+// One buffer of the plan: name, bytes (alignment included) and what it holds.
+struct PlanBuffer {
+  std::string name;
+  int64_t bytes = 0;
+  std::string what;
+};
+
+struct Plan {
+  PlannerConfig config;        // as given, max_context resolved
+  int64_t max_rows = 0;        // rows a step may hold: max(max_tokens, max_seqs * max_next_n)
+
+  // ---- workspace ----
+  int64_t workspace_bytes = 0;       // the arena a step needs (device memory)
+  int64_t host_bytes = 0;            // host staging an Attention object allocates once
+  int64_t score_budget_bytes = 0;    // the budget given
+  int64_t score_region_bytes = 0;    // the arena's scoring part: <= score_budget_bytes
+  int64_t min_score_budget_bytes = 0;  // the smallest budget that serves these limits
+  int64_t attention_scratch_bytes = 0;  // backend workspace of sparse/dense MLA (0 on the CPU)
+  std::vector<PlanBuffer> buffers;        // the arena, top level; sums to workspace_bytes
+  std::vector<PlanBuffer> score_buffers;  // the score region when serving rows of max_context
+  int64_t tile_width = 0;   // key columns per tile for rows that do not fit whole; 0: never tiles
+  int64_t max_tiles = 0;    // tiles of the longest row
+
+  // ---- KV cache, after the reservation ----
+  int64_t mla_layers = 0;          // layers with an MLA cache (main + MTP)
+  int64_t indexer_layers = 0;      // layers with an indexer cache (full + MTP; shared own none)
+  int64_t mla_page_bytes = 0;      // one page of one layer
+  int64_t indexer_page_bytes = 0;
+  int64_t kv_budget_bytes = 0;     // (device_memory - workspace) * kv_cache_fraction
+  int64_t kv_pages = 0;            // pages per layer: every layer's caches hold this many
+  int64_t kv_tokens = 0;           // kv_pages * page_size
+  int64_t mla_cache_bytes = 0;     // all layers
+  int64_t indexer_cache_bytes = 0; // all layers
+
+  // Rows of one scoring chunk when every row sees context_len keys; 0 when one row does not
+  // fit the score region and the row is tiled along the key axis instead.
+  int64_t rows_per_chunk(int64_t context_len) const;
+  // The tile width a row of context_len keys is scored with; 0: it is scored whole.
+  int64_t tile_width_for(int64_t context_len) const;
+  // Exact score-region bytes of an untiled chunk of `rows` rows, the longest seeing `width`
+  // keys (score chunk with padding, top-k scratch, index and mapped-index chunks).
+  int64_t chunk_bytes(int64_t rows, int64_t width) const;
+  // Exact score-region bytes of one row scored in tiles of tile_width.
+  int64_t tiled_row_bytes(int64_t tile_width) const;
+};
+
+// Builds the plan or refuses limits that cannot be served (kLimitExceeded, message naming the
+// smallest budget / memory that works) and malformed configs (kInvalidArgument).
+Status make_plan(const PlannerConfig& config, Plan* plan);
+
+// "141GiB", "512MiB", "64KiB", "4096", "4096B", "1.5GiB" (B, KiB, MiB, GiB, TiB; case-insensitive).
+Status parse_byte_size(const std::string& text, int64_t* bytes);
+// 536870912 -> "512 MiB", 1536 -> "1.5 KiB", 100 -> "100 B".
+std::string format_byte_size(int64_t bytes);
+
+}  // namespace dsa

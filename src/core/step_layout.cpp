@@ -1,0 +1,111 @@
+#include "core/step_layout.h"
+
+#include "dsa/topk.h"
+
+namespace dsa {
+namespace core {
+namespace {
+
+// A never-dereferenced, aligned, non-null address for descriptors used only in size queries.
+void* fake_ptr() { return reinterpret_cast<void*>(static_cast<uintptr_t>(1) << 12); }
+
+template <typename T>
+bool take(Arena& a, int64_t n, T** out, std::vector<PlanBuffer>* names, const char* name,
+          const char* what) {
+  const int64_t before = a.used();
+  *out = a.alloc_n<T>(n);
+  if (names && *out) names->push_back(PlanBuffer{name, a.used() - before, what});
+  return *out != nullptr;
+}
+
+bool take_bytes(Arena& a, int64_t n, void** out, std::vector<PlanBuffer>* names, const char* name,
+                const char* what) {
+  const int64_t before = a.used();
+  *out = a.alloc(n);
+  if (names && *out) names->push_back(PlanBuffer{name, a.used() - before, what});
+  return *out != nullptr;
+}
+
+}  // namespace
+
+size_t topk_scratch_bytes(Device dev, int64_t rows, int64_t width, int64_t stride, int64_t k,
+                          bool values) {
+  // topk.h: the CPU needs none. Skipping the query keeps the step's chunking loop free of the
+  // argument checks' message building.
+  if (rows <= 0 || width <= 0 || dev.type == DeviceType::kCPU) return 0;
+  TopkParams p;
+  p.logits = make_tensor(fake_ptr(), DType::kF32, {rows, width}, dev);
+  p.logits.stride[0] = stride;
+  p.lengths = make_tensor(fake_ptr(), DType::kI32, {rows}, dev);
+  p.k = k;
+  p.indices = make_tensor(fake_ptr(), DType::kI32, {rows, k}, dev);
+  if (values) p.values = make_tensor(fake_ptr(), DType::kF32, {rows, k}, dev);
+  return topk_workspace_size(p);
+}
+
+bool layout_chunk(Arena& a, Device dev, int64_t rows, int64_t width, int64_t k, ChunkLayout* o,
+                  std::vector<PlanBuffer>* names) {
+  o->stride = score_stride(width);
+  o->topk_ws_bytes = topk_scratch_bytes(dev, rows, width, o->stride, k, false);
+  return take(a, rows * o->stride, &o->scores, names, "score_chunk",
+              "f32 scores [rows, width] with rows padded to 64 floats") &&
+         take_bytes(a, static_cast<int64_t>(o->topk_ws_bytes), &o->topk_ws, names, "topk_scratch",
+                    "backend top-k workspace (topk_workspace_size)") &&
+         take(a, rows * k, &o->idx, names, "index_chunk", "i32 selected positions [rows, topk]") &&
+         take(a, rows * k, &o->mapped, names, "mapped_index_chunk", "i32 cache slots [rows, topk]");
+}
+
+bool layout_tiled(Arena& a, Device dev, int64_t tile_width, int64_t max_tiles, int64_t k,
+                  TiledLayout* o, std::vector<PlanBuffer>* names) {
+  const size_t ws_tile = topk_scratch_bytes(dev, 1, tile_width, score_stride(tile_width), k, true);
+  const size_t ws_merge = topk_scratch_bytes(dev, 1, 2 * k, 2 * k, k, true);
+  o->topk_ws_bytes = ws_tile > ws_merge ? ws_tile : ws_merge;
+  bool ok = take(a, score_stride(tile_width), &o->scores, names, "score_tile", "f32 scores of one key tile") &&
+            take_bytes(a, static_cast<int64_t>(o->topk_ws_bytes), &o->topk_ws, names, "topk_scratch",
+                       "backend top-k workspace, tile or merge (topk_workspace_size)");
+  for (int i = 0; ok && i < 2; ++i) {
+    ok = take(a, 2 * k, &o->cand_idx[i], names, "merge_candidates", "i32 [2 * topk] running | tile indices") &&
+         take(a, 2 * k, &o->cand_val[i], names, "merge_values", "f32 [2 * topk] running | tile values");
+  }
+  return ok && take(a, k, &o->pos, names, "merge_positions", "i32 [topk] positions picked by a merge") &&
+         take(a, max_tiles, &o->tile_offset, names, "tile_offsets", "i32 first key of each tile") &&
+         take(a, max_tiles, &o->tile_len, names, "tile_lengths", "i32 valid keys of each tile") &&
+         take(a, max_tiles, &o->merge_len, names, "merge_lengths", "i32 candidates of each merge") &&
+         take(a, k, &o->idx, names, "index_chunk", "i32 selected positions [1, topk]") &&
+         take(a, k, &o->mapped, names, "mapped_index_chunk", "i32 cache slots [1, topk]");
+}
+
+bool layout_shared(Arena& a, int64_t rows, int64_t k, int32_t** mapped) {
+  *mapped = a.alloc_n<int32_t>(rows * k);
+  return *mapped != nullptr;
+}
+
+bool layout_step(Arena& a, const Plan& plan, StepLayout* o, std::vector<PlanBuffer>* names) {
+  const int64_t T = plan.max_rows;
+  const int64_t B = plan.config.max_seqs_per_step;
+  const int64_t Hi = plan.config.geometry.index_heads;
+  void* ws = nullptr;
+  void* score = nullptr;
+  const bool ok =
+      take(a, T * Hi * 128, &o->index_q, names, "indexer_q", "e4m3 prepared indexer queries [rows, H_idx, 128]") &&
+      take(a, T * Hi, &o->index_w, names, "indexer_weights", "f32 folded gates w' [rows, H_idx]") &&
+      take(a, T * 128, &o->index_k, names, "indexer_k", "e4m3 prepared indexer keys [rows, 128]") &&
+      take(a, T, &o->index_k_scale, names, "indexer_k_scale", "f32 key scales [rows]") &&
+      take(a, T, &o->row_seq, names, "row_seq", "i32 sequence of each row") &&
+      take(a, T, &o->row_len, names, "row_len", "i32 keys each row sees") &&
+      take(a, T, &o->token_pos, names, "token_pos", "i32 cache position of each row") &&
+      take(a, B, &o->kv_lens, names, "kv_lens", "i32 keys per sequence") &&
+      take(a, 2 * B + 1, &o->dense_cu, names, "dense_cu_seqlens", "i32 cu_seqlens of the dense runs") &&
+      take_bytes(a, plan.attention_scratch_bytes, &ws, names, "attention_scratch",
+                 "backend workspace of sparse / dense MLA") &&
+      take_bytes(a, plan.score_region_bytes, &score, names, "score_region",
+                 "every temporary of scoring and selection (<= score budget)");
+  o->attn_ws = ws;
+  o->attn_ws_bytes = plan.attention_scratch_bytes;
+  o->score = score;
+  o->score_bytes = plan.score_region_bytes;
+  return ok;
+}
+
+}  // namespace core
+}  // namespace dsa

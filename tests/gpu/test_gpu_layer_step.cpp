@@ -1,0 +1,283 @@
+// The layer step on CUDA: within the plan (high-water, attention scratch), chunked and tiled
+// runs bit-identical to the one-chunk run on the device, cache bytes equal to the CPU step's,
+// dense rows' identity selection exact, and the sparse selection and outputs near the CPU's.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "gpu_util.h"
+
+using namespace dsa;
+using namespace dsa_gpu_test;
+
+namespace {
+
+constexpr int64_t kH = 4, kHi = 2, kK = 64, kPage = 16;
+
+ModelGeometry tiny() {
+  ModelGeometry g;
+  g.name = "tiny";
+  g.num_heads = kH;
+  g.qk_nope_head_dim = 128;
+  g.v_head_dim = 128;
+  g.index_heads = kHi;
+  g.topk = kK;
+  g.index_rope = RopeStyle::kInterleaved;
+  g.num_layers = 3;
+  g.num_mtp_layers = 1;
+  g.max_positions = 4096;
+  g.sm_scale = 0.0625;
+  return g;
+}
+
+struct Batch {
+  std::vector<int32_t> q_lens, kv_lens, block_table;
+  int64_t B = 0, T = 0, max_blocks = 0, num_blocks = 0, max_kv = 0;
+  std::vector<uint8_t> mla, idx;  // caches with the prefixes written (host, by the CPU ops)
+  std::vector<float> cos_sin, iq, ik, iw;
+  std::vector<uint16_t> kv_c, k_pe, q;  // bf16
+};
+
+Batch make_batch(const std::vector<std::pair<int32_t, int32_t>>& seqs, uint64_t seed) {
+  Batch b;
+  dsa_test::Rng rng(seed);
+  b.B = static_cast<int64_t>(seqs.size());
+  int64_t pages = 0;
+  for (auto [q, kv] : seqs) {
+    b.q_lens.push_back(q);
+    b.kv_lens.push_back(kv);
+    b.T += q;
+    b.max_kv = std::max<int64_t>(b.max_kv, kv);
+    b.max_blocks = std::max<int64_t>(b.max_blocks, (kv + kPage - 1) / kPage);
+    pages += (kv + kPage - 1) / kPage;
+  }
+  b.num_blocks = pages + 2;
+  std::vector<int32_t> perm(static_cast<size_t>(b.num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng.gen);
+  b.block_table.assign(static_cast<size_t>(b.B * b.max_blocks), -1);
+  int64_t next = 0;
+  for (int64_t s = 0; s < b.B; ++s)
+    for (int64_t j = 0; j < (b.kv_lens[s] + kPage - 1) / kPage; ++j) b.block_table[s * b.max_blocks + j] = perm[next++];
+  b.cos_sin.resize(static_cast<size_t>(4096 * 64));
+  for (int64_t p = 0; p < 4096; ++p)
+    for (int i = 0; i < 32; ++i) {
+      const double a = p * std::pow(10000.0, -i / 32.0);
+      b.cos_sin[p * 64 + i] = static_cast<float>(std::cos(a));
+      b.cos_sin[p * 64 + 32 + i] = static_cast<float>(std::sin(a));
+    }
+  b.mla.assign(static_cast<size_t>(b.num_blocks * kPage * kMlaBf16TokenBytes), 0xFF);
+  b.idx.assign(static_cast<size_t>(b.num_blocks * kPage * kIndexerTokenBytes), 0xFF);
+  std::vector<int64_t> slots;
+  std::vector<int32_t> pos;
+  for (int64_t s = 0; s < b.B; ++s)
+    for (int32_t j = 0; j < b.kv_lens[s] - b.q_lens[s]; ++j) {
+      slots.push_back(int64_t{b.block_table[s * b.max_blocks + j / kPage]} * kPage + j % kPage);
+      pos.push_back(j);
+    }
+  const int64_t P = static_cast<int64_t>(slots.size());
+  if (P > 0) {
+    auto c = dsa_test::random_floats(rng, static_cast<size_t>(P * 512));
+    auto pe = dsa_test::random_floats(rng, static_cast<size_t>(P * 64));
+    auto k = dsa_test::random_floats(rng, static_cast<size_t>(P * 128));
+    MlaCacheDesc mc;
+    mc.data = b.mla.data();
+    mc.num_blocks = b.num_blocks;
+    mc.page_size = kPage;
+    WriteMlaCacheParams w;
+    w.kv_c = make_tensor(c.data(), DType::kF32, {P, 512});
+    w.k_pe = make_tensor(pe.data(), DType::kF32, {P, 64});
+    w.where.slots = make_tensor(slots.data(), DType::kI64, {P});
+    w.cache = mc;
+    EXPECT_TRUE(write_mla_cache(w).ok());
+    std::vector<uint8_t> k8(static_cast<size_t>(P * 128));
+    std::vector<float> ks(static_cast<size_t>(P));
+    PrepareIndexerKParams pk;
+    pk.k = make_tensor(k.data(), DType::kF32, {P, 128});
+    pk.positions = make_tensor(pos.data(), DType::kI32, {P});
+    pk.cos_sin = make_tensor(b.cos_sin.data(), DType::kF32, {4096, 64});
+    pk.rope = RopeStyle::kInterleaved;
+    pk.k_out = make_tensor(k8.data(), DType::kE4M3, {P, 128});
+    pk.k_scale = make_tensor(ks.data(), DType::kF32, {P});
+    EXPECT_TRUE(prepare_indexer_k(pk).ok());
+    IndexerCacheDesc ic;
+    ic.data = b.idx.data();
+    ic.num_blocks = b.num_blocks;
+    ic.page_size = kPage;
+    WriteIndexerCacheParams wi;
+    wi.k = pk.k_out;
+    wi.k_scale = pk.k_scale;
+    wi.where.slots = w.where.slots;
+    wi.cache = ic;
+    EXPECT_TRUE(write_indexer_cache(wi).ok());
+  }
+  b.kv_c = dsa_test::to_bf16(dsa_test::random_floats(rng, static_cast<size_t>(b.T * 512)));
+  b.k_pe = dsa_test::to_bf16(dsa_test::random_floats(rng, static_cast<size_t>(b.T * 64)));
+  b.q = dsa_test::to_bf16(dsa_test::random_floats(rng, static_cast<size_t>(b.T * kH * 576), 0.5f));
+  b.iq = dsa_test::random_floats(rng, static_cast<size_t>(b.T * kHi * 128));
+  b.ik = dsa_test::random_floats(rng, static_cast<size_t>(b.T * 128));
+  b.iw = dsa_test::random_floats(rng, static_cast<size_t>(b.T * kHi));
+  return b;
+}
+
+struct Out {
+  Status status;
+  StepReport report;
+  Plan plan;
+  std::vector<float> out, lse;
+  std::vector<int32_t> indices;
+  std::vector<uint8_t> mla, idx;
+};
+
+PlannerConfig config(const Batch& b, int64_t budget, Device dev) {
+  PlannerConfig c;
+  c.geometry = tiny();
+  c.page_size = kPage;
+  c.max_tokens_per_step = b.T;
+  c.max_seqs_per_step = b.B;
+  c.max_context = b.max_kv;
+  c.score_budget_bytes = budget;
+  c.device = dev;
+  return c;
+}
+
+Out run_cpu(const Batch& b) {
+  Out o;
+  Batch w = b;
+  o.status = make_plan(config(b, kDefaultScoreBudgetBytes, cpu_device()), &o.plan);
+  if (!o.status.ok()) return o;
+  std::vector<uint8_t> ws(static_cast<size_t>(o.plan.workspace_bytes));
+  o.out.resize(static_cast<size_t>(b.T * kH * 512));
+  o.lse.resize(static_cast<size_t>(b.T * kH));
+  o.indices.resize(static_cast<size_t>(b.T * kK));
+  StepParams p;
+  p.q_lens = make_tensor(w.q_lens.data(), DType::kI32, {b.B});
+  p.kv_lens = make_tensor(w.kv_lens.data(), DType::kI32, {b.B});
+  p.block_table = make_tensor(w.block_table.data(), DType::kI32, {b.B, b.max_blocks});
+  p.kv_c = make_tensor(w.kv_c.data(), DType::kBF16, {b.T, 512});
+  p.k_pe = make_tensor(w.k_pe.data(), DType::kBF16, {b.T, 64});
+  p.q = make_tensor(w.q.data(), DType::kBF16, {b.T, kH, 576});
+  p.index_q = make_tensor(w.iq.data(), DType::kF32, {b.T, kHi, 128});
+  p.index_k = make_tensor(w.ik.data(), DType::kF32, {b.T, 128});
+  p.index_w = make_tensor(w.iw.data(), DType::kF32, {b.T, kHi});
+  p.cos_sin = make_tensor(w.cos_sin.data(), DType::kF32, {4096, 64});
+  p.mla_cache.data = w.mla.data();
+  p.mla_cache.num_blocks = b.num_blocks;
+  p.mla_cache.page_size = kPage;
+  p.index_cache.data = w.idx.data();
+  p.index_cache.num_blocks = b.num_blocks;
+  p.index_cache.page_size = kPage;
+  p.indices_out = make_tensor(o.indices.data(), DType::kI32, {b.T, kK});
+  p.out = make_tensor(o.out.data(), DType::kF32, {b.T, kH, 512});
+  p.lse = make_tensor(o.lse.data(), DType::kF32, {b.T, kH});
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
+  Attention a(o.plan);
+  o.status = a.step(p, &o.report);
+  o.mla = w.mla;
+  o.idx = w.idx;
+  return o;
+}
+
+Out run_gpu(const Batch& b, int64_t budget) {
+  Out o;
+  const Device dev = cuda_device(0);
+  o.status = make_plan(config(b, budget, dev), &o.plan);
+  if (!o.status.ok()) return o;
+  DeviceBuffer ws(static_cast<size_t>(o.plan.workspace_bytes), 0x7F);
+  DeviceBuffer bt(b.block_table), kv_c(b.kv_c), k_pe(b.k_pe), q(b.q), iq(b.iq), ik(b.ik), iw(b.iw), cs(b.cos_sin),
+      mla(b.mla), idx(b.idx);
+  DeviceBuffer out(static_cast<size_t>(b.T * kH * 512 * 4), 0xFF), lse(static_cast<size_t>(b.T * kH * 4), 0xFF),
+      ind(static_cast<size_t>(b.T * kK * 4), 0x5A);
+  std::vector<int32_t> ql = b.q_lens, kl = b.kv_lens;
+  StepParams p;
+  p.q_lens = make_tensor(ql.data(), DType::kI32, {b.B});  // host, by contract
+  p.kv_lens = make_tensor(kl.data(), DType::kI32, {b.B});
+  p.block_table = dev_tensor(bt, DType::kI32, {b.B, b.max_blocks});
+  p.kv_c = dev_tensor(kv_c, DType::kBF16, {b.T, 512});
+  p.k_pe = dev_tensor(k_pe, DType::kBF16, {b.T, 64});
+  p.q = dev_tensor(q, DType::kBF16, {b.T, kH, 576});
+  p.index_q = dev_tensor(iq, DType::kF32, {b.T, kHi, 128});
+  p.index_k = dev_tensor(ik, DType::kF32, {b.T, 128});
+  p.index_w = dev_tensor(iw, DType::kF32, {b.T, kHi});
+  p.cos_sin = dev_tensor(cs, DType::kF32, {4096, 64});
+  p.mla_cache.data = mla.data();
+  p.mla_cache.num_blocks = b.num_blocks;
+  p.mla_cache.page_size = kPage;
+  p.mla_cache.device = dev;
+  p.index_cache.data = idx.data();
+  p.index_cache.num_blocks = b.num_blocks;
+  p.index_cache.page_size = kPage;
+  p.index_cache.device = dev;
+  p.indices_out = dev_tensor(ind, DType::kI32, {b.T, kK});
+  p.out = dev_tensor(out, DType::kF32, {b.T, kH, 512});
+  p.lse = dev_tensor(lse, DType::kF32, {b.T, kH});
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
+  Attention a(o.plan);
+  o.status = a.step(p, &o.report);
+  EXPECT_TRUE(device_clean());
+  o.out = out.download<float>();
+  o.lse = lse.download<float>();
+  o.indices = ind.download<int32_t>();
+  o.mla = mla.download<uint8_t>();
+  o.idx = idx.download<uint8_t>();
+  return o;
+}
+
+}  // namespace
+
+TEST(GpuLayerStep, WithinPlanTiledEqualsWholeAndNearTheCpu) {
+  DSA_REQUIRE_GPU();
+  // dense prefill, sparse prefill from 0, chunk over a prefix, decodes (next_n 1, 3), long rows
+  const Batch b = make_batch({{40, 40}, {150, 150}, {20, 600}, {1, 90}, {3, 1500}, {2, 2000}}, 1);
+  Out cpu = run_cpu(b);
+  ASSERT_TRUE(cpu.status.ok()) << cpu.status.to_string();
+  Out whole = run_gpu(b, kDefaultScoreBudgetBytes);
+  ASSERT_TRUE(whole.status.ok()) << whole.status.to_string();
+  EXPECT_EQ(whole.report.tiled_rows, 0);
+  EXPECT_LE(whole.report.workspace_high_water_bytes, whole.plan.workspace_bytes);
+  const int64_t min_budget = whole.plan.min_score_budget_bytes;
+  for (int64_t budget : {int64_t{30000}, min_budget}) {
+    Out t = run_gpu(b, budget);
+    ASSERT_TRUE(t.status.ok()) << budget << ": " << t.status.to_string();
+    EXPECT_LE(t.report.score_high_water_bytes, budget);
+    EXPECT_LE(t.report.workspace_high_water_bytes, t.plan.workspace_bytes);
+    EXPECT_TRUE(same_bits(t.indices, whole.indices, "indices, chunked vs whole"));
+    EXPECT_TRUE(same_bits(t.out, whole.out, "out, chunked vs whole"));
+    EXPECT_TRUE(same_bits(t.lse, whole.lse, "lse, chunked vs whole"));
+    if (budget == min_budget) {
+      EXPECT_GT(t.report.tiled_rows, 0);
+    }
+  }
+  // Caches: the same bytes as the CPU step (exact conversions), poison kept elsewhere.
+  EXPECT_TRUE(same_bits(whole.mla, cpu.mla, "MLA cache"));
+  EXPECT_TRUE(same_bits(whole.idx, cpu.idx, "indexer cache"));
+  EXPECT_EQ(whole.report.seqs[static_cast<int>(Route::kDense)], 2);
+  // Rows: the dense ones have the exact identity; sparse selections overlap the CPU's up to
+  // near-ties of the FP8 accumulation order; outputs agree where the selections do.
+  int64_t row = 0, differing = 0, sparse_rows = 0;
+  for (int64_t s = 0; s < b.B; ++s) {
+    for (int32_t i = 0; i < b.q_lens[s]; ++i, ++row) {
+      const int32_t* g = whole.indices.data() + row * kK;
+      const int32_t* c = cpu.indices.data() + row * kK;
+      const bool same = std::equal(g, g + kK, c);
+      if (b.kv_lens[s] <= kK) {
+        ASSERT_TRUE(same) << "dense row " << row;
+      } else {
+        ++sparse_rows;
+        differing += !same;
+        int64_t common = 0;
+        for (int64_t x = 0; x < kK; ++x) common += std::count(c, c + kK, g[x]) > 0;
+        EXPECT_GE(common, kK - 4) << "row " << row;
+      }
+      if (!same) continue;
+      for (int64_t d = 0; d < kH * 512; ++d) {
+        const float gv = whole.out[row * kH * 512 + d], cv = cpu.out[row * kH * 512 + d];
+        ASSERT_NEAR(gv, cv, 2e-2f * (std::fabs(cv) + 0.05f)) << "row " << row << " elem " << d;
+      }
+    }
+  }
+  EXPECT_LE(differing * 10, sparse_rows) << "selections differ from the CPU in more than 10% of rows";
+}

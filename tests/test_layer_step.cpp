@@ -1,0 +1,800 @@
+// The layer step (SPEC §6): routing, chunked / tiled runs bit-identical to one-shot runs, the
+// arena high-water mark under the plan, cache writes on every route, limits, and the step
+// against direct op calls and the float64 oracle.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "oracle/oracle_attention.h"
+#include "oracle/oracle_logits.h"
+#include "test_util.h"
+
+using namespace dsa;
+using dsa_test::Guarded;
+using dsa_test::t_f32;
+using dsa_test::t_i32;
+using dsa_test::t_i64;
+
+namespace {
+
+constexpr int64_t kH = 4, kHi = 2;
+
+ModelGeometry tiny_geometry(int topk = 64) {
+  ModelGeometry g;
+  g.name = "tiny";
+  g.num_heads = kH;
+  g.qk_nope_head_dim = 128;
+  g.v_head_dim = 128;
+  g.q_lora_rank = 64;
+  g.index_heads = kHi;
+  g.topk = topk;
+  g.index_rope = RopeStyle::kInterleaved;
+  g.num_layers = 3;
+  g.num_mtp_layers = 1;
+  g.max_positions = 8192;
+  g.sm_scale = 0.0625;
+  return g;
+}
+
+struct Seq {
+  int32_t q, kv;
+};
+
+// Caches with every sequence's prefix already written, inputs for the new tokens, and the
+// batch description. Unused cache slots are NaN-poisoned (0xFF bytes).
+struct World {
+  ModelGeometry g;
+  int64_t page;
+  MlaCacheDtype dtype;
+  std::vector<Seq> seqs;
+  int64_t B = 0, T = 0, max_blocks = 0, num_blocks = 0, max_kv = 0;
+  std::vector<int32_t> q_lens, kv_lens, block_table, row_seq, row_pos;
+  std::vector<uint8_t> mla0, idx0;  // caches after the prefix
+  std::vector<uint8_t> mla, idx;    // working copies
+  std::vector<float> cos_sin, kv_c, k_pe, q, iq, ik, iw;
+
+  World(const ModelGeometry& geo, std::vector<Seq> s, int64_t page_size, uint64_t seed,
+        MlaCacheDtype dt = MlaCacheDtype::kBF16)
+      : g(geo), page(page_size), dtype(dt), seqs(std::move(s)) {
+    dsa_test::Rng rng(seed);
+    B = static_cast<int64_t>(seqs.size());
+    int64_t pages = 0;
+    for (const auto& x : seqs) {
+      T += x.q;
+      max_kv = std::max<int64_t>(max_kv, x.kv);
+      max_blocks = std::max<int64_t>(max_blocks, (x.kv + page - 1) / page);
+      pages += (x.kv + page - 1) / page;
+      q_lens.push_back(x.q);
+      kv_lens.push_back(x.kv);
+    }
+    max_blocks = std::max<int64_t>(max_blocks, 1);
+    num_blocks = pages + 3;
+    std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng.gen);
+    block_table.assign(static_cast<size_t>(B * max_blocks), -1);
+    int64_t next = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < (seqs[b].kv + page - 1) / page; ++j) block_table[b * max_blocks + j] = perm[next++];
+    for (int64_t b = 0; b < B; ++b)
+      for (int32_t i = 0; i < seqs[b].q; ++i) {
+        row_seq.push_back(static_cast<int32_t>(b));
+        row_pos.push_back(seqs[b].kv - seqs[b].q + i);
+      }
+    cos_sin.resize(static_cast<size_t>(g.max_positions) * 64);
+    for (int64_t p = 0; p < g.max_positions; ++p)
+      for (int i = 0; i < 32; ++i) {
+        const double a = p * std::pow(10000.0, -i / 32.0);
+        cos_sin[p * 64 + i] = static_cast<float>(std::cos(a));
+        cos_sin[p * 64 + 32 + i] = static_cast<float>(std::sin(a));
+      }
+    mla.assign(static_cast<size_t>(num_blocks * page * mla_token_bytes(dtype)), 0xFF);
+    idx.assign(static_cast<size_t>(num_blocks * page * kIndexerTokenBytes), 0xFF);
+    // Prefixes: positions 0 .. kv - q - 1 of every sequence.
+    std::vector<int64_t> slots;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < seqs[b].kv - seqs[b].q; ++j)
+        slots.push_back(int64_t{block_table[b * max_blocks + j / page]} * page + j % page);
+    std::vector<int32_t> pos;
+    for (int64_t b = 0; b < B; ++b)
+      for (int32_t j = 0; j < seqs[b].kv - seqs[b].q; ++j) pos.push_back(j);
+    const int64_t P = static_cast<int64_t>(slots.size());
+    if (P > 0) write_tokens(rng, P, slots.data(), pos.data());
+    mla0 = mla;
+    idx0 = idx;
+    kv_c = dsa_test::random_floats(rng, static_cast<size_t>(T * 512));
+    k_pe = dsa_test::random_floats(rng, static_cast<size_t>(T * 64));
+    q = dsa_test::random_floats(rng, static_cast<size_t>(T * kH * 576), 0.5f);
+    iq = dsa_test::random_floats(rng, static_cast<size_t>(T * kHi * 128));
+    ik = dsa_test::random_floats(rng, static_cast<size_t>(T * 128));
+    iw = dsa_test::random_floats(rng, static_cast<size_t>(T * kHi));
+  }
+
+  MlaCacheDesc mla_desc() {
+    MlaCacheDesc c;
+    c.data = mla.data();
+    c.dtype = dtype;
+    c.num_blocks = num_blocks;
+    c.page_size = page;
+    return c;
+  }
+  IndexerCacheDesc idx_desc() {
+    IndexerCacheDesc c;
+    c.data = idx.data();
+    c.num_blocks = num_blocks;
+    c.page_size = page;
+    return c;
+  }
+  TensorDesc cos_sin_desc() { return t_f32(cos_sin.data(), {g.max_positions, 64}); }
+
+  void write_tokens(dsa_test::Rng& rng, int64_t P, int64_t* slots, int32_t* pos) {
+    auto c = dsa_test::random_floats(rng, static_cast<size_t>(P * 512));
+    auto pe = dsa_test::random_floats(rng, static_cast<size_t>(P * 64));
+    auto k = dsa_test::random_floats(rng, static_cast<size_t>(P * 128));
+    WriteMlaCacheParams w;
+    w.kv_c = t_f32(c.data(), {P, 512});
+    w.k_pe = t_f32(pe.data(), {P, 64});
+    w.where.slots = t_i64(slots, {P});
+    w.cache = mla_desc();
+    ASSERT_TRUE(write_mla_cache(w).ok());
+    std::vector<uint8_t> k8(static_cast<size_t>(P * 128));
+    std::vector<float> ks(static_cast<size_t>(P));
+    PrepareIndexerKParams pk;
+    pk.k = t_f32(k.data(), {P, 128});
+    pk.positions = t_i32(pos, {P});
+    pk.cos_sin = cos_sin_desc();
+    pk.rope = g.index_rope;
+    pk.k_out = dsa_test::t_e4m3(k8.data(), {P, 128});
+    pk.k_scale = t_f32(ks.data(), {P});
+    ASSERT_TRUE(prepare_indexer_k(pk).ok());
+    WriteIndexerCacheParams wi;
+    wi.k = pk.k_out;
+    wi.k_scale = pk.k_scale;
+    wi.where.slots = t_i64(slots, {P});
+    wi.cache = idx_desc();
+    ASSERT_TRUE(write_indexer_cache(wi).ok());
+  }
+
+  void reset() {
+    mla = mla0;
+    idx = idx0;
+  }
+  int64_t slot(int64_t b, int64_t j) const { return int64_t{block_table[b * max_blocks + j / page]} * page + j % page; }
+};
+
+struct Result {
+  Status status;
+  std::vector<float> out, lse;
+  std::vector<int32_t> indices;
+  StepReport report;
+  Plan plan;
+  std::vector<uint8_t> mla, idx;
+  bool workspace_intact = true;
+};
+
+PlannerConfig config_for(const World& w, int64_t budget) {
+  PlannerConfig c;
+  c.geometry = w.g;
+  c.cache_dtype = w.dtype;
+  c.page_size = w.page;
+  c.max_tokens_per_step = std::max<int64_t>(w.T, 1);
+  c.max_seqs_per_step = std::max<int64_t>(w.B, 1);
+  c.max_context = std::max<int64_t>(w.max_kv, 1);
+  c.score_budget_bytes = budget;
+  return c;
+}
+
+struct RunOpts {
+  IndexerRole role = IndexerRole::kFull;
+  int64_t budget = kDefaultScoreBudgetBytes;
+  bool want_indices = true;
+  bool force_score = false;
+  const std::vector<int32_t>* indices_in = nullptr;
+  const std::vector<int32_t>* positions = nullptr;  // RoPE positions
+};
+
+Result run_step(World& w, const RunOpts& o) {
+  Result r;
+  w.reset();
+  Status ps = make_plan(config_for(w, o.budget), &r.plan);
+  if (!ps.ok()) {
+    r.status = ps;
+    return r;
+  }
+  Guarded ws(static_cast<size_t>(r.plan.workspace_bytes), 0x7F);
+  r.out.assign(static_cast<size_t>(w.T * kH * 512), std::numeric_limits<float>::quiet_NaN());
+  r.lse.assign(static_cast<size_t>(w.T * kH), std::numeric_limits<float>::quiet_NaN());
+  r.indices.assign(static_cast<size_t>(w.T * w.g.topk), -7);
+  std::vector<int32_t> in_copy;
+  StepParams p;
+  p.role = o.role;
+  p.q_lens = t_i32(w.q_lens.data(), {w.B});
+  p.kv_lens = t_i32(w.kv_lens.data(), {w.B});
+  p.block_table = t_i32(w.block_table.data(), {w.B, w.max_blocks});
+  p.kv_c = t_f32(w.kv_c.data(), {w.T, 512});
+  p.k_pe = t_f32(w.k_pe.data(), {w.T, 64});
+  p.q = t_f32(w.q.data(), {w.T, kH, 576});
+  p.index_q = t_f32(w.iq.data(), {w.T, kHi, 128});
+  p.index_k = t_f32(w.ik.data(), {w.T, 128});
+  p.index_w = t_f32(w.iw.data(), {w.T, kHi});
+  p.cos_sin = w.cos_sin_desc();
+  p.mla_cache = w.mla_desc();
+  if (o.role != IndexerRole::kShared) p.index_cache = w.idx_desc();
+  if (o.indices_in) {
+    in_copy = *o.indices_in;
+    p.indices_in = t_i32(in_copy.data(), {w.T, w.g.topk});
+  }
+  if (o.want_indices && o.role != IndexerRole::kShared) p.indices_out = t_i32(r.indices.data(), {w.T, w.g.topk});
+  std::vector<int32_t> pos_copy;
+  if (o.positions) {
+    pos_copy = *o.positions;
+    p.positions = t_i32(pos_copy.data(), {w.T});
+  }
+  p.force_score = o.force_score;
+  p.out = t_f32(r.out.data(), {w.T, kH, 512});
+  p.lse = t_f32(r.lse.data(), {w.T, kH});
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
+  Attention attn(r.plan);
+  r.status = attn.step(p, &r.report);
+  r.workspace_intact = ws.intact();
+  r.mla = w.mla;
+  r.idx = w.idx;
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+// A budget that forces key-axis tiling: the plan's own minimum.
+int64_t min_budget(World& w) {
+  Plan p;
+  EXPECT_TRUE(make_plan(config_for(w, kDefaultScoreBudgetBytes), &p).ok());
+  return p.min_score_budget_bytes;
+}
+
+// The same step by direct op calls, one shot: every scored row against its whole context.
+Result direct_pipeline(World& w, IndexerRole role, const std::vector<int32_t>* indices_in, bool force_score) {
+  Result r;
+  w.reset();
+  const int64_t T = w.T, K = w.g.topk;
+  r.out.assign(static_cast<size_t>(T * kH * 512), 0.f);
+  r.lse.assign(static_cast<size_t>(T * kH), 0.f);
+  r.indices.assign(static_cast<size_t>(T * K), -7);
+  CacheSlots where;
+  where.block_table = t_i32(w.block_table.data(), {w.B, w.max_blocks});
+  where.token_seq = t_i32(w.row_seq.data(), {T});
+  where.token_pos = t_i32(w.row_pos.data(), {T});
+  WriteMlaCacheParams wm;
+  wm.kv_c = t_f32(w.kv_c.data(), {T, 512});
+  wm.k_pe = t_f32(w.k_pe.data(), {T, 64});
+  wm.where = where;
+  wm.cache = w.mla_desc();
+  EXPECT_TRUE(write_mla_cache(wm).ok());
+  std::vector<uint8_t> k8(static_cast<size_t>(T * 128)), q8(static_cast<size_t>(T * kHi * 128));
+  std::vector<float> ks(static_cast<size_t>(T)), wq(static_cast<size_t>(T * kHi));
+  if (role != IndexerRole::kShared) {
+    PrepareIndexerKParams pk;
+    pk.k = t_f32(w.ik.data(), {T, 128});
+    pk.positions = t_i32(w.row_pos.data(), {T});
+    pk.cos_sin = w.cos_sin_desc();
+    pk.rope = w.g.index_rope;
+    pk.k_out = dsa_test::t_e4m3(k8.data(), {T, 128});
+    pk.k_scale = t_f32(ks.data(), {T});
+    EXPECT_TRUE(prepare_indexer_k(pk).ok());
+    WriteIndexerCacheParams wi;
+    wi.k = pk.k_out;
+    wi.k_scale = pk.k_scale;
+    wi.where = where;
+    wi.cache = w.idx_desc();
+    EXPECT_TRUE(write_indexer_cache(wi).ok());
+    PrepareIndexerQParams pq;
+    pq.q = t_f32(w.iq.data(), {T, kHi, 128});
+    pq.weights = t_f32(w.iw.data(), {T, kHi});
+    pq.positions = t_i32(w.row_pos.data(), {T});
+    pq.cos_sin = w.cos_sin_desc();
+    pq.rope = w.g.index_rope;
+    pq.q_out = dsa_test::t_e4m3(q8.data(), {T, kHi, 128});
+    pq.weights_out = t_f32(wq.data(), {T, kHi});
+    EXPECT_TRUE(prepare_indexer_q(pq).ok());
+  }
+  int64_t t0 = 0;
+  for (int64_t b = 0; b < w.B; ++b) {
+    const int64_t n = w.q_lens[b], kv = w.kv_lens[b];
+    if (n == 0) continue;
+    const bool dense = role != IndexerRole::kMtp && kv <= K && !(role == IndexerRole::kFull && force_score);
+    float* out = r.out.data() + t0 * kH * 512;
+    float* lse = r.lse.data() + t0 * kH;
+    float* qp = w.q.data() + t0 * kH * 576;
+    if (dense) {
+      std::vector<int32_t> cu = {0, static_cast<int32_t>(n)}, kvl = {static_cast<int32_t>(kv)};
+      DenseMlaParams d;
+      d.q = t_f32(qp, {n, kH, 576});
+      d.kv.paged = w.mla_desc();
+      d.cu_seqlens_q = t_i32(cu.data(), {2});
+      d.block_table = t_i32(w.block_table.data() + b * w.max_blocks, {1, w.max_blocks});
+      d.kv_lens = t_i32(kvl.data(), {1});
+      d.sm_scale = static_cast<float>(w.g.sm_scale);
+      d.out = t_f32(out, {n, kH, 512});
+      d.lse = t_f32(lse, {n, kH});
+      EXPECT_TRUE(dense_mla(d).ok());
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < K; ++c) r.indices[(t0 + i) * K + c] = c < kv - n + i + 1 ? static_cast<int32_t>(c) : -1;
+    } else {
+      std::vector<int32_t> seq(static_cast<size_t>(n), 0), len(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) len[i] = static_cast<int32_t>(kv - n + i + 1);
+      int32_t* sel = r.indices.data() + t0 * K;
+      if (role == IndexerRole::kShared) {
+        std::copy(indices_in->begin() + t0 * K, indices_in->begin() + (t0 + n) * K, sel);
+      } else {
+        std::vector<float> logits(static_cast<size_t>(n * kv));
+        IndexerLogitsPagedParams lp;
+        lp.q = dsa_test::t_e4m3(q8.data() + t0 * kHi * 128, {n, kHi, 128});
+        lp.weights = t_f32(wq.data() + t0 * kHi, {n, kHi});
+        lp.cache = w.idx_desc();
+        lp.block_table = t_i32(w.block_table.data() + b * w.max_blocks, {1, w.max_blocks});
+        lp.row_seq = t_i32(seq.data(), {n});
+        lp.row_len = t_i32(len.data(), {n});
+        lp.logits = t_f32(logits.data(), {n, kv});
+        EXPECT_TRUE(indexer_logits_paged(lp).ok());
+        TopkParams tp;
+        tp.logits = lp.logits;
+        tp.lengths = lp.row_len;
+        tp.k = K;
+        tp.indices = t_i32(sel, {n, K});
+        EXPECT_TRUE(topk(tp).ok());
+      }
+      std::vector<int32_t> mapped(static_cast<size_t>(n * K));
+      MapIndicesParams mp;
+      mp.indices = t_i32(sel, {n, K});
+      mp.rows_per_seq = n;
+      mp.kind = IndexMapKind::kPaged;
+      mp.block_table = t_i32(w.block_table.data() + b * w.max_blocks, {1, w.max_blocks});
+      mp.page_size = w.page;
+      mp.out = t_i32(mapped.data(), {n, K});
+      EXPECT_TRUE(map_indices(mp).ok());
+      SparseMlaParams sp;
+      sp.q = t_f32(qp, {n, kH, 576});
+      sp.kv.paged = w.mla_desc();
+      sp.indices = mp.out;
+      sp.sm_scale = static_cast<float>(w.g.sm_scale);
+      sp.out = t_f32(out, {n, kH, 512});
+      sp.lse = t_f32(lse, {n, kH});
+      EXPECT_TRUE(sparse_mla(sp).ok());
+    }
+    t0 += n;
+  }
+  r.mla = w.mla;
+  r.idx = w.idx;
+  return r;
+}
+
+void expect_identical(const Result& a, const Result& b, const std::string& what, bool indices = true) {
+  ASSERT_TRUE(a.status.ok()) << what << ": " << a.status.to_string();
+  ASSERT_TRUE(b.status.ok()) << what << ": " << b.status.to_string();
+  EXPECT_TRUE(same_bits(a.out, b.out)) << what << ": out differs";
+  EXPECT_TRUE(same_bits(a.lse, b.lse)) << what << ": lse differs";
+  if (indices) {
+    EXPECT_EQ(a.indices, b.indices) << what << ": indices differ";
+  }
+  EXPECT_EQ(a.mla, b.mla) << what << ": MLA cache differs";
+  EXPECT_EQ(a.idx, b.idx) << what << ": indexer cache differs";
+}
+
+std::vector<Seq> mixed_batch() {
+  // prefill from 0 above topk, short prefill, chunked prefill over a prefix, decode next_n 1..4
+  return {{150, 150}, {20, 20}, {40, 300}, {1, 70}, {3, 200}, {4, 64}, {2, 65}, {0, 90}};
+}
+
+}  // namespace
+
+TEST(LayerStep, MatchesDirectOpsOneShotForEveryRole) {
+  World w(tiny_geometry(), mixed_batch(), 16, 1);
+  for (IndexerRole role : {IndexerRole::kFull, IndexerRole::kMtp}) {
+    RunOpts o;
+    o.role = role;
+    Result step = run_step(w, o);
+    Result ref = direct_pipeline(w, role, nullptr, false);
+    step.status = step.status;  // keep
+    ref.status = Status::Ok();
+    expect_identical(step, ref, indexer_role_name(role));
+  }
+  // Shared: the full layer's indices in, no scoring, no indexer cache write.
+  RunOpts full;
+  Result f = run_step(w, full);
+  ASSERT_TRUE(f.status.ok()) << f.status.to_string();
+  RunOpts sh;
+  sh.role = IndexerRole::kShared;
+  sh.indices_in = &f.indices;
+  Result s = run_step(w, sh);
+  Result ref = direct_pipeline(w, IndexerRole::kShared, &f.indices, false);
+  ref.status = Status::Ok();
+  ASSERT_TRUE(s.status.ok()) << s.status.to_string();
+  EXPECT_TRUE(same_bits(s.out, ref.out));
+  EXPECT_TRUE(same_bits(s.lse, ref.lse));
+  EXPECT_EQ(s.mla, ref.mla);
+  EXPECT_EQ(s.idx, w.idx0) << "a shared layer owns no indexer cache";
+  // The shared layer reusing the full layer's indices reproduces the full layer exactly.
+  EXPECT_TRUE(same_bits(s.out, f.out));
+  EXPECT_TRUE(same_bits(s.lse, f.lse));
+  // Mapping chunks under the minimum budget: same bits.
+  sh.budget = min_budget(w);
+  Result s2 = run_step(w, sh);
+  ASSERT_TRUE(s2.status.ok()) << s2.status.to_string();
+  EXPECT_GT(s2.report.score_chunks, s.report.score_chunks);
+  EXPECT_TRUE(same_bits(s2.out, s.out));
+  EXPECT_TRUE(same_bits(s2.lse, s.lse));
+}
+
+TEST(LayerStep, ChunkedAndTiledRunsBitIdenticalToOneShot) {
+  World w(tiny_geometry(), {{300, 300}, {5, 900}, {1, 1500}, {30, 64}, {2, 2100}}, 16, 2);
+  RunOpts big;
+  Result one = run_step(w, big);
+  ASSERT_TRUE(one.status.ok()) << one.status.to_string();
+  EXPECT_EQ(one.report.tiled_rows, 0);
+  const int64_t minb = min_budget(w);
+  for (int64_t budget : {int64_t{200000}, int64_t{40000}, int64_t{12000}, minb}) {
+    RunOpts o;
+    o.budget = budget;
+    Result r = run_step(w, o);
+    expect_identical(one, r, "budget " + std::to_string(budget));
+    EXPECT_LE(r.report.score_high_water_bytes, budget);
+    EXPECT_LE(r.report.workspace_high_water_bytes, r.plan.workspace_bytes);
+    EXPECT_GT(r.report.score_chunks + r.report.tiled_rows, one.report.score_chunks);
+  }
+  RunOpts tiny;
+  tiny.budget = minb;
+  Result t = run_step(w, tiny);
+  ASSERT_TRUE(t.status.ok());
+  EXPECT_GT(t.report.tiled_rows, 0) << "the minimum budget must force key-axis tiling";
+  EXPECT_GT(t.report.score_tiles, t.report.tiled_rows);
+  // Without indices_out the step takes its arena index chunk: outputs unchanged.
+  tiny.want_indices = false;
+  Result t2 = run_step(w, tiny);
+  ASSERT_TRUE(t2.status.ok());
+  EXPECT_TRUE(same_bits(t2.out, one.out));
+  EXPECT_TRUE(same_bits(t2.lse, one.lse));
+}
+
+TEST(LayerStep, TiedScoresStillMatchUntiled) {
+  // Equal logits everywhere: every selection is decided by the lower-index rule.
+  World w(tiny_geometry(), {{2, 1000}, {1, 700}}, 16, 3);
+  std::fill(w.iq.begin(), w.iq.end(), 0.0f);  // all scores 0
+  RunOpts big;
+  Result one = run_step(w, big);
+  ASSERT_TRUE(one.status.ok());
+  for (int64_t c = 0; c < 64; ++c) EXPECT_EQ(one.indices[c], c) << "ties go to the lower index";
+  RunOpts tiny;
+  tiny.budget = min_budget(w);
+  Result t = run_step(w, tiny);
+  EXPECT_GT(t.report.tiled_rows, 0);
+  expect_identical(one, t, "ties");
+}
+
+TEST(LayerStep, RoutingTable) {
+  const int K = 64;
+  struct Case {
+    const char* name;
+    Seq s;
+  };
+  const Case cases[] = {{"prefill kv <= topk", {K, K}},       {"prefill kv > topk", {K + 1, K + 1}},
+                        {"decode kv <= topk", {1, K}},         {"decode kv > topk", {1, K + 1}},
+                        {"decode next_n 4 kv <= topk", {4, 30}}, {"chunked prefill kv > topk", {10, 500}}};
+  for (const auto& c : cases) {
+    World w(tiny_geometry(K), {c.s}, 16, 4);
+    const bool small = c.s.kv <= K;
+    RunOpts full;
+    Result f = run_step(w, full);
+    ASSERT_TRUE(f.status.ok()) << c.name << ": " << f.status.to_string();
+    EXPECT_EQ(f.report.seqs[static_cast<int>(Route::kDense)], small ? 1 : 0) << c.name;
+    EXPECT_EQ(f.report.seqs[static_cast<int>(Route::kSparseScored)], small ? 0 : 1) << c.name;
+    EXPECT_EQ(f.report.score_chunks, small ? 0 : 1) << c.name << ": a dense sequence is never scored";
+    RunOpts mtp;
+    mtp.role = IndexerRole::kMtp;
+    Result m = run_step(w, mtp);
+    ASSERT_TRUE(m.status.ok()) << c.name;
+    EXPECT_EQ(m.report.seqs[static_cast<int>(Route::kSparseScored)], 1) << c.name << ": MTP layers always score";
+    EXPECT_EQ(m.report.score_chunks, 1) << c.name;
+    RunOpts sh;
+    sh.role = IndexerRole::kShared;
+    sh.indices_in = &f.indices;
+    Result s = run_step(w, sh);
+    ASSERT_TRUE(s.status.ok()) << c.name << ": " << s.status.to_string();
+    EXPECT_EQ(s.report.seqs[static_cast<int>(Route::kDense)], small ? 1 : 0) << c.name << ": shared goes dense where full did";
+    EXPECT_EQ(s.report.seqs[static_cast<int>(Route::kSparseShared)], small ? 0 : 1) << c.name;
+    // The identity a dense full layer hands on is what scoring selects (MTP scored it).
+    EXPECT_EQ(f.indices, m.indices) << c.name;
+    // A full layer whose indices feed a consumer may be told to score every sequence.
+    RunOpts forced;
+    forced.force_score = true;
+    Result fs = run_step(w, forced);
+    ASSERT_TRUE(fs.status.ok()) << c.name;
+    EXPECT_EQ(fs.report.seqs[static_cast<int>(Route::kSparseScored)], 1) << c.name;
+    expect_identical(fs, m, c.name);
+    // Dense and sparse agree on kv <= topk (same keys, same order).
+    if (small) {
+      for (size_t i = 0; i < f.out.size(); ++i)
+        ASSERT_NEAR(f.out[i], m.out[i], 1e-5f * (1.f + std::fabs(m.out[i]))) << c.name << " at " << i;
+    }
+  }
+}
+
+TEST(LayerStep, ContextShorterThanTopkHandsOnTheIdentity) {
+  // max_context < topk: every sequence is dense; the identity fill fits the plan's region.
+  World w(tiny_geometry(128), {{5, 20}, {3, 3}, {1, 9}}, 16, 10);
+  RunOpts o;
+  Result r = run_step(w, o);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.report.seqs[static_cast<int>(Route::kDense)], 3);
+  Result ref = direct_pipeline(w, IndexerRole::kFull, nullptr, false);
+  ref.status = Status::Ok();
+  expect_identical(r, ref, "short contexts");
+  o.budget = min_budget(w);
+  expect_identical(r, run_step(w, o), "short contexts, minimum budget");
+  // One decode row: the plan's whole-step chunk is narrower than a topk-wide row.
+  World one(tiny_geometry(128), {{1, 20}}, 16, 11);
+  RunOpts d;
+  Result a = run_step(one, d);
+  Result b = direct_pipeline(one, IndexerRole::kFull, nullptr, false);
+  b.status = Status::Ok();
+  expect_identical(a, b, "one decode row");
+}
+
+TEST(LayerStep, PositionsOverrideOnlyRope) {
+  World w(tiny_geometry(), {{100, 100}, {2, 300}}, 16, 12);
+  RunOpts o;
+  Result base = run_step(w, o);
+  o.positions = &w.row_pos;  // the default, given explicitly
+  expect_identical(base, run_step(w, o), "explicit cache positions");
+  std::vector<int32_t> shifted = w.row_pos;
+  for (auto& x : shifted) x += 5;
+  o.positions = &shifted;
+  Result moved = run_step(w, o);
+  ASSERT_TRUE(moved.status.ok()) << moved.status.to_string();
+  EXPECT_NE(moved.idx, base.idx) << "the indexer keys' RoPE follows the given positions";
+  EXPECT_EQ(moved.mla, base.mla) << "cache placement still follows the cache positions";
+}
+
+TEST(LayerStep, IndexerCacheWrittenOncePerTokenOnEveryRoute) {
+  World w(tiny_geometry(), mixed_batch(), 16, 5);
+  // Expected bytes of each new token: prepare_indexer_k on it alone.
+  std::vector<uint8_t> k8(static_cast<size_t>(w.T * 128));
+  std::vector<float> ks(static_cast<size_t>(w.T));
+  PrepareIndexerKParams pk;
+  pk.k = t_f32(w.ik.data(), {w.T, 128});
+  pk.positions = t_i32(w.row_pos.data(), {w.T});
+  pk.cos_sin = w.cos_sin_desc();
+  pk.rope = w.g.index_rope;
+  pk.k_out = dsa_test::t_e4m3(k8.data(), {w.T, 128});
+  pk.k_scale = t_f32(ks.data(), {w.T});
+  DSA_ASSERT_OK(prepare_indexer_k(pk));
+  for (IndexerRole role : {IndexerRole::kFull, IndexerRole::kMtp}) {
+    for (int64_t budget : {kDefaultScoreBudgetBytes, min_budget(w)}) {
+      RunOpts o;
+      o.role = role;
+      o.budget = budget;
+      Result r = run_step(w, o);
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      std::vector<uint8_t> expect = w.idx0;
+      for (int64_t t = 0; t < w.T; ++t) {
+        const int64_t s = w.slot(w.row_seq[t], w.row_pos[t]);
+        uint8_t* blk = expect.data() + (s / w.page) * w.page * kIndexerTokenBytes;
+        std::memcpy(blk + (s % w.page) * 128, k8.data() + t * 128, 128);
+        std::memcpy(blk + w.page * 128 + (s % w.page) * 4, &ks[t], 4);
+      }
+      EXPECT_EQ(r.idx, expect) << indexer_role_name(role) << ": new tokens' bytes, untouched slots' poison";
+      // The dense sequences' new tokens are in the cache too (route does not matter).
+      EXPECT_GT(r.report.seqs[static_cast<int>(Route::kDense)], role == IndexerRole::kMtp ? -1 : 0);
+    }
+  }
+}
+
+TEST(LayerStep, HighWaterUnderPlanForRandomBatches) {
+  dsa_test::Rng rng(77);
+  for (int iter = 0; iter < 16; ++iter) {
+    std::vector<Seq> seqs;
+    const int nseq = static_cast<int>(rng.integer(1, 5));
+    for (int i = 0; i < nseq; ++i) {
+      const int kind = static_cast<int>(rng.integer(0, 2));
+      const int32_t kv = static_cast<int32_t>(rng.integer(1, iter % 3 == 0 ? 2500 : 400));
+      int32_t q;
+      if (kind == 0) q = kv;                                                       // prefill
+      else if (kind == 1) q = static_cast<int32_t>(rng.integer(1, std::min(4, kv)));  // decode next_n 1..4
+      else q = static_cast<int32_t>(rng.integer(0, std::min(64, kv)));               // chunk over a prefix
+      seqs.push_back({q, kv});
+    }
+    World w(tiny_geometry(), seqs, iter % 2 ? 16 : 64, 100 + iter);
+    const int64_t minb = min_budget(w);
+    const int64_t budget = iter % 4 == 0 ? minb : rng.integer(minb, 60000);
+    RunOpts o;
+    o.budget = budget;
+    o.role = iter % 5 == 0 ? IndexerRole::kMtp : IndexerRole::kFull;
+    Result r = run_step(w, o);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_TRUE(r.workspace_intact) << "iter " << iter;
+    EXPECT_LE(r.report.score_high_water_bytes, r.plan.score_region_bytes) << "iter " << iter;
+    EXPECT_LE(r.plan.score_region_bytes, budget) << "iter " << iter;
+    EXPECT_LE(r.report.workspace_high_water_bytes, r.plan.workspace_bytes) << "iter " << iter;
+    RunOpts big;
+    big.role = o.role;
+    Result one = run_step(w, big);
+    expect_identical(one, r, "iter " + std::to_string(iter));
+  }
+}
+
+TEST(LayerStep, OutputsMatchFloat64Oracle) {
+  World w(tiny_geometry(), {{100, 100}, {3, 400}, {30, 30}}, 16, 6);
+  RunOpts o;
+  o.budget = min_budget(w);
+  Result r = run_step(w, o);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  const int64_t T = w.T, K = w.g.topk;
+  // Selection: against oracle logits on the step's own cache bytes and prepared queries.
+  std::vector<uint8_t> q8(static_cast<size_t>(T * kHi * 128));
+  std::vector<float> wq(static_cast<size_t>(T * kHi));
+  PrepareIndexerQParams pq;
+  pq.q = t_f32(w.iq.data(), {T, kHi, 128});
+  pq.weights = t_f32(w.iw.data(), {T, kHi});
+  pq.positions = t_i32(w.row_pos.data(), {T});
+  pq.cos_sin = w.cos_sin_desc();
+  pq.rope = w.g.index_rope;
+  pq.q_out = dsa_test::t_e4m3(q8.data(), {T, kHi, 128});
+  pq.weights_out = t_f32(wq.data(), {T, kHi});
+  DSA_ASSERT_OK(prepare_indexer_q(pq));
+  std::vector<int32_t> len(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) len[t] = w.row_pos[t] + 1;
+  const int64_t W = w.max_kv;
+  auto ref = oracle::indexer_logits_paged(q8, wq, r.idx.data(), w.page * kIndexerTokenBytes, w.page, w.block_table,
+                                          w.max_blocks, w.row_seq, len, kHi, 0, W);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t L = len[t];
+    const int32_t* sel = r.indices.data() + t * K;
+    if (L <= K) {
+      for (int64_t c = 0; c < K; ++c) ASSERT_EQ(sel[c], c < L ? c : -1) << "row " << t;
+      continue;
+    }
+    std::vector<double> row(ref.begin() + t * W, ref.begin() + t * W + L);
+    std::vector<double> sorted = row;
+    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+    const double kth = sorted[K - 1];
+    const double tol = 1e-5 * (1.0 + std::fabs(kth));
+    std::vector<char> chosen(static_cast<size_t>(L), 0);
+    for (int64_t c = 0; c < K; ++c) {
+      ASSERT_GE(sel[c], 0);
+      ASSERT_LT(sel[c], L);
+      if (c > 0) {
+        ASSERT_GT(sel[c], sel[c - 1]) << "ascending";
+      }
+      chosen[sel[c]] = 1;
+      EXPECT_GE(row[sel[c]], kth - tol) << "row " << t;
+    }
+    for (int64_t j = 0; j < L; ++j)
+      if (!chosen[j]) {
+        EXPECT_LE(row[j], kth + tol) << "row " << t << " key " << j;
+      }
+  }
+  // Attention: the oracle over the decoded cache with the step's selection.
+  auto keys = oracle::decode_mla_cache(r.mla.data(), false, w.num_blocks, w.page, 0);
+  std::vector<double> qd(w.q.begin(), w.q.end());
+  std::vector<int32_t> slots(static_cast<size_t>(T * K));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < K; ++c)
+      slots[t * K + c] = oracle::map_paged(w.block_table.data() + w.row_seq[t] * w.max_blocks, w.max_blocks, w.page,
+                                           r.indices[t * K + c]);
+  auto att = oracle::sparse_mla(qd, T, kH, keys, w.num_blocks * w.page, slots, K, {}, {}, w.g.sm_scale);
+  const double eps = std::ldexp(1.0, -24);
+  for (int64_t i = 0; i < T * kH; ++i) {
+    const double ds = 8 * eps * att.score_scale[i];
+    EXPECT_NEAR(r.lse[i], att.lse[i], 8 * eps * std::fabs(att.lse[i]) + ds) << "lse " << i;
+    for (int64_t d = 0; d < 512; ++d) {
+      const size_t k = static_cast<size_t>(i * 512 + d);
+      EXPECT_NEAR(r.out[k], att.out[k], 4 * eps * std::fabs(att.out[k]) + (ds + 16 * eps) * att.out_scale[k])
+          << "out " << i << " dim " << d;
+    }
+  }
+}
+
+TEST(LayerStep, Fp8CachePolicy) {
+  World w(tiny_geometry(), {{70, 70}, {2, 300}, {10, 10}}, 64, 8, MlaCacheDtype::kFP8);
+  RunOpts o;
+  Result one = run_step(w, o);
+  ASSERT_TRUE(one.status.ok()) << one.status.to_string();
+  Result ref = direct_pipeline(w, IndexerRole::kFull, nullptr, false);
+  ref.status = Status::Ok();
+  expect_identical(one, ref, "fp8");
+  o.budget = min_budget(w);
+  expect_identical(one, run_step(w, o), "fp8 tiled");
+}
+
+TEST(LayerStep, StepsBeyondThePlanFailNamingTheLimit) {
+  World w(tiny_geometry(), {{10, 100}, {1, 50}}, 16, 9);
+  Plan plan;
+  PlannerConfig c = config_for(w, kDefaultScoreBudgetBytes);
+  c.max_tokens_per_step = 8;
+  c.max_seqs_per_step = 2;
+  c.max_context = 100;
+  DSA_ASSERT_OK(make_plan(c, &plan));
+  Guarded ws(static_cast<size_t>(plan.workspace_bytes));
+  std::vector<float> out(static_cast<size_t>(w.T * kH * 512)), lse(static_cast<size_t>(w.T * kH));
+  StepParams p;
+  p.q_lens = t_i32(w.q_lens.data(), {w.B});
+  p.kv_lens = t_i32(w.kv_lens.data(), {w.B});
+  p.block_table = t_i32(w.block_table.data(), {w.B, w.max_blocks});
+  p.kv_c = t_f32(w.kv_c.data(), {w.T, 512});
+  p.k_pe = t_f32(w.k_pe.data(), {w.T, 64});
+  p.q = t_f32(w.q.data(), {w.T, kH, 576});
+  p.index_q = t_f32(w.iq.data(), {w.T, kHi, 128});
+  p.index_k = t_f32(w.ik.data(), {w.T, 128});
+  p.index_w = t_f32(w.iw.data(), {w.T, kHi});
+  p.cos_sin = w.cos_sin_desc();
+  p.mla_cache = w.mla_desc();
+  p.index_cache = w.idx_desc();
+  p.out = t_f32(out.data(), {w.T, kH, 512});
+  p.lse = t_f32(lse.data(), {w.T, kH});
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
+  Attention attn(plan);
+  Status st = attn.step(p);
+  EXPECT_EQ(st.code(), StatusCode::kLimitExceeded);
+  EXPECT_TRUE(dsa_test::fails_naming(st, {"T = 11", "max_tokens_per_step = 8"}));
+  c.max_tokens_per_step = 16;
+  DSA_ASSERT_OK(make_plan(c, &plan));
+  Guarded ws2(static_cast<size_t>(plan.workspace_bytes));
+  p.workspace = ws2.data();
+  p.workspace_bytes = ws2.size();
+  Attention a2(plan);
+  DSA_ASSERT_OK(a2.step(p));
+  p.workspace_bytes = static_cast<size_t>(plan.workspace_bytes - 1);
+  EXPECT_TRUE(dsa_test::fails_naming(a2.step(p), {"workspace", std::to_string(plan.workspace_bytes).c_str()}));
+  p.workspace_bytes = ws2.size();
+  c.max_context = 99;
+  DSA_ASSERT_OK(make_plan(c, &plan));
+  Attention a3(plan);
+  st = a3.step(p);
+  EXPECT_EQ(st.code(), StatusCode::kLimitExceeded);
+  EXPECT_TRUE(dsa_test::fails_naming(st, {"kv_lens[0] = 100", "max_context = 99"}));
+  c.max_context = 100;
+  c.max_seqs_per_step = 1;
+  c.max_tokens_per_step = 16;
+  DSA_ASSERT_OK(make_plan(c, &plan));
+  Attention a4(plan);
+  EXPECT_TRUE(dsa_test::fails_naming(a4.step(p), {"B = 2", "max_seqs_per_step = 1"}));
+  // A shared layer without indices, a bad q_len.
+  c.max_seqs_per_step = 2;
+  DSA_ASSERT_OK(make_plan(c, &plan));
+  Attention a5(plan);
+  StepParams sh = p;
+  sh.role = IndexerRole::kShared;
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(sh), {"indices_in", "shared"}));
+  std::vector<int32_t> bad_q = {101, 1};
+  StepParams bq = p;
+  bq.q_lens = t_i32(bad_q.data(), {2});
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(bq), {"q_lens[0]", "kv_len = 100"}));
+  // Whole-step shapes are checked before any row slice reaches an op.
+  StepParams short_out = p;
+  short_out.out = t_f32(out.data(), {w.T - 1, kH, 512});
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(short_out), {"attention_step", "out", "T"}));
+  StepParams short_iq = p;
+  short_iq.index_q = t_f32(w.iq.data(), {w.T - 1, kHi, 128});
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(short_iq), {"attention_step", "index_q"}));
+  StepParams short_lse = p;
+  short_lse.lse = t_f32(lse.data(), {w.T, kH - 1});
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(short_lse), {"lse", "H"}));
+  StepParams nc = p;
+  nc.index_cache = IndexerCacheDesc{};
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(nc), {"index_cache", "full and mtp"}));
+  StepParams bk = p;
+  bk.index_k = t_f32(w.ik.data(), {w.T, 64});
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(bk), {"index_k", "128"}));
+  // Ops' own validation of contents comes through with the op's name.
+  std::vector<int32_t> bad_bt = w.block_table;
+  bad_bt[0] = static_cast<int32_t>(w.num_blocks + 5);
+  StepParams bb = p;
+  bb.block_table = t_i32(bad_bt.data(), {w.B, w.max_blocks});
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(bb), {"indexer_logits_paged", "block_table[0][0]", "num_blocks"}));
+}
