@@ -139,6 +139,17 @@ else
     "$GPU_TESTS" --gtest_filter="${RACECHECK_FILTER:-Gpu*}"
 fi
 
+# ---- the Python module with the machine's torch (CUDA tensors, streams, compile, graphs) --
+if command -v python3 > /dev/null && python3 -c 'import torch, pytest, numpy' 2> /dev/null; then
+  step py_configure 60 cmake -S "$ROOT" -B "$BUILD-py" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDSA_CUDA=ON \
+    -DDSA_BUILD_PYTHON=ON -DDSA_BUILD_TESTS=OFF -DDSA_BUILD_TOOLS=OFF -DDSA_BUILD_BENCH=OFF \
+    -DPython_EXECUTABLE="$(command -v python3)"
+  step py_build 150 cmake --build "$BUILD-py" -j "$JOBS" --target _dsa
+  step py_tests 150 env PYTHONPATH="$BUILD-py/python" python3 -m pytest -q -p no:cacheprovider -rs python/tests
+else
+  skip py_tests "python3 with torch, pytest and numpy not found"
+fi
+
 # ---- the main job on the GPU --------------------------------------------------------------
 if [ -x "$BUILD/tools/dsa" ]; then
   step dsa_run 120 "$BUILD/tools/dsa" run --backend cuda

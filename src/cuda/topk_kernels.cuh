@@ -1,12 +1,16 @@
 // Kernel bodies of top-k selection and index mapping (SPEC §3.5-3.6).
 //
-// Top-k: one block per row. Floats map to order-preserving u32 keys (NaN lowest, -0 == +0);
-// four 8-bit radix passes over the row (warp-aggregated shared-memory histograms) find the
-// exact k-th key T and how many keys equal to T must be taken; a final pass in index order
-// (one block scan per chunk) writes the keys > T and the lowest-index keys == T in ascending
-// index order. Deterministic, no
-// workspace, any width. A tuned multi-block or cached-pass kernel can replace topk_row_kernel
-// behind the same launcher.
+// Top-k: one block per row. Floats map to order-preserving u32 keys (NaN lowest, -0 == +0).
+// A radix select finds the exact k-th key T and how many keys equal to T must be taken:
+//   pass 1 (row, 16-byte loads): histogram of the top 12 key bits;
+//   pass 2 (row, read backwards so its start hits what pass 1 left in L2): the keys in the
+//     chosen 12-bit bucket go to a shared-memory candidate list (their count is known from
+//     pass 1, so the list never overflows: a bucket larger than kCandCap, e.g. many equal
+//     values, skips the list and the last two passes read the row instead);
+//   passes 3-4: 10-bit histograms over the candidates.
+// A final pass in index order (one block scan per chunk) writes the keys > T and the
+// lowest-index keys == T in ascending index order. The row is read 3 times (5 with the
+// overflow fallback). Deterministic, no workspace, any width and alignment.
 #pragma once
 #include <math_constants.h>
 
@@ -18,8 +22,12 @@ namespace topk_detail {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kBins = 256;
-constexpr int kItems = 4;  // output pass: consecutive elements per thread (chunk counts < 2^16)
+constexpr int kTopBits = 12, kTopBins = 1 << kTopBits;  // first digit, 4 bins per thread
+constexpr int kLowBits = 10, kLowBins = 1 << kLowBits;  // two more digits: 12 + 10 + 10 = 32
+constexpr int kCandCap = 7168;  // shared candidate keys (static shared memory stays < 48 KiB)
+constexpr int kVecUnroll = 2;   // float4 loads in flight per thread in the row passes
+constexpr int kItems = 4;       // output pass: one float4 per thread (8 would spill at 32 registers)
+static_assert(kTopBins % kThreads == 0 && kLowBins == kThreads, "bin/thread layout");
 
 // Order-preserving: a > b (as numbers) iff key(a) > key(b); equal numbers have equal keys;
 // every NaN is 0, below -inf (0x007fffff).
@@ -57,6 +65,81 @@ __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* w
   return before;
 }
 
+// Warp-converged: lanes with the same digit add once (logits often share their top bits).
+__device__ __forceinline__ void hist_add(uint32_t* hist, bool counted, uint32_t digit) {
+  const uint32_t peers = __match_any_sync(0xffffffffu, counted ? digit : 0xffffffffu);
+  if (counted && (threadIdx.x % kWarp) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
+}
+
+// Calls f(value, valid) for every element of x[0:len] (order unspecified), the same number
+// of times in every thread, so warps are converged at each call. The aligned body uses
+// float4 loads (chunks in reverse order when `backwards`); up to 3 head and 3 tail elements
+// (or the whole row if x is not even 4-byte aligned) are read one by one.
+template <class F>
+__device__ __forceinline__ void visit_row(const float* x, int64_t len, bool backwards, F&& f) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(x);
+  int64_t head = (addr & 3u) ? len : static_cast<int64_t>(((16u - (addr & 15u)) & 15u) >> 2);
+  head = head < len ? head : len;
+  const int64_t nvec = (len - head) >> 2, tail0 = head + nvec * 4;
+  const float4* xv = reinterpret_cast<const float4*>(x + head);
+  constexpr int64_t kStep = static_cast<int64_t>(kThreads) * kVecUnroll;
+  const int64_t steps = (nvec + kStep - 1) / kStep;
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t base = (backwards ? steps - 1 - s : s) * kStep + threadIdx.x;
+    float4 v[kVecUnroll];
+    bool ok[kVecUnroll];
+#pragma unroll
+    for (int u = 0; u < kVecUnroll; ++u) {
+      ok[u] = base + u * kThreads < nvec;
+      v[u] = ok[u] ? xv[base + u * kThreads] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kVecUnroll; ++u) {
+      f(v[u].x, ok[u]);
+      f(v[u].y, ok[u]);
+      f(v[u].z, ok[u]);
+      f(v[u].w, ok[u]);
+    }
+  }
+  const int64_t edges = head + (len - tail0);
+  for (int64_t e0 = 0; e0 < edges; e0 += kThreads) {
+    const int64_t e = e0 + threadIdx.x;
+    const bool ok = e < edges;
+    const int64_t j = e < head ? e : tail0 + (e - head);
+    f(ok ? x[j] : 0.f, ok);
+  }
+}
+
+struct Chosen {
+  uint32_t digit, above, count;
+};
+
+// hist holds kPer * kThreads bins. Counting from the highest bin down, picks the bin where the
+// running count first reaches `remaining` (1 <= remaining <= sum of the bins): its digit, the
+// count above it and its own count. All threads must call; the result is in *out on return.
+template <int kPer>
+__device__ __forceinline__ void choose_digit(const uint32_t* hist, uint32_t remaining, uint32_t* warp_sums, Chosen* out) {
+  const int top = kPer * kThreads - 1 - static_cast<int>(threadIdx.x) * kPer;
+  uint32_t cnt = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) cnt += hist[top - i];
+  uint32_t total;
+  const uint32_t above = block_exclusive_scan(cnt, warp_sums, &total);
+  if (above < remaining && above + cnt >= remaining) {
+    uint32_t run = above;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const uint32_t c = hist[top - i];
+      if (run + c >= remaining) {
+        *out = Chosen{static_cast<uint32_t>(top - i), run, c};
+        break;
+      }
+      run += c;
+    }
+  }
+  __syncthreads();
+}
+
 struct TopkArgs {
   const float* logits; int64_t l0;
   I32Vec lengths;
@@ -65,12 +148,16 @@ struct TopkArgs {
   float* values; int64_t v0;  // nullptr when not requested
 };
 
-__global__ void __launch_bounds__(kThreads) topk_row_kernel(TopkArgs a) {
-  __shared__ uint32_t hist[kBins];
+// Two blocks per SM (32 registers, no spills): one block's loads overlap the other's scans.
+__global__ void __launch_bounds__(kThreads, 2) topk_row_kernel(TopkArgs a) {
+  __shared__ uint32_t hist[kTopBins];  // the 10-bit passes use the first kLowBins
+  __shared__ uint32_t cand[kCandCap];
   __shared__ uint32_t warp_sums[kWarps];
-  __shared__ uint32_t chosen_digit, chosen_above;
+  __shared__ Chosen chosen;
+  __shared__ uint32_t cand_n;
 
   const int tid = threadIdx.x;
+  const int lane = tid % kWarp;
   const int64_t row = blockIdx.x;
   const float* x = a.logits + row * a.l0;
   int32_t* idx_out = a.indices + row * a.i0;
@@ -86,41 +173,54 @@ __global__ void __launch_bounds__(kThreads) topk_row_kernel(TopkArgs a) {
     return;
   }
 
-  // Radix select of the k-th largest key, 8 bits at a time from the top.
-  uint32_t prefix = 0, mask = 0;
-  uint32_t remaining = static_cast<uint32_t>(a.k);  // keys still to take at or below the prefix
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
+  // Pass 1: top 12 bits.
+  for (int b = tid; b < kTopBins; b += kThreads) hist[b] = 0;
+  if (tid == 0) cand_n = 0;
+  __syncthreads();
+  visit_row(x, len, false, [&](float f, bool ok) { hist_add(hist, ok, order_key(f) >> (32 - kTopBits)); });
+  __syncthreads();
+  choose_digit<kTopBins / kThreads>(hist, static_cast<uint32_t>(a.k), warp_sums, &chosen);
+  uint32_t prefix = chosen.digit << (32 - kTopBits);
+  uint32_t mask = ~0u << (32 - kTopBits);
+  uint32_t remaining = static_cast<uint32_t>(a.k) - chosen.above;  // keys still to take at the prefix
+  const uint32_t bucket = chosen.count;
+  const bool use_cand = bucket <= static_cast<uint32_t>(kCandCap);
+
+  // Pass 2: gather the bucket's keys (warp-aggregated appends).
+  if (use_cand) {
+    visit_row(x, len, true, [&](float f, bool ok) {
+      const uint32_t key = order_key(f);
+      const bool take = ok && (key & mask) == prefix;
+      const uint32_t ballot = __ballot_sync(0xffffffffu, take);
+      if (ballot == 0u) return;
+      uint32_t base = 0;
+      if (lane == 0) base = atomicAdd(&cand_n, __popc(ballot));
+      base = __shfl_sync(0xffffffffu, base, 0);
+      const uint32_t pos = base + __popc(ballot & ((1u << lane) - 1u));
+      if (take && pos < static_cast<uint32_t>(kCandCap)) cand[pos] = key;
+    });
+  }
+
+  // Passes 3-4: the low 20 bits, 10 at a time, over the candidates (or the row).
+  for (int shift = 32 - kTopBits - kLowBits; shift >= 0; shift -= kLowBits) {
+    for (int b = tid; b < kLowBins; b += kThreads) hist[b] = 0;
     __syncthreads();
-    // Block-uniform trip count, so every warp is converged at the match below. Lanes of a
-    // warp with the same digit add once (logits often share their top bits: contention).
-    for (int64_t j0 = 0; j0 < len; j0 += kThreads) {
-      const int64_t j = j0 + tid;
-      uint32_t key = 0;
-      bool counted = false;
-      if (j < len) {
-        key = order_key(x[j]);
-        counted = (key & mask) == prefix;
+    const auto count = [&](uint32_t key, bool ok) {
+      hist_add(hist, ok && (key & mask) == prefix, (key >> shift) & (kLowBins - 1u));
+    };
+    if (use_cand) {
+      for (uint32_t j0 = 0; j0 < bucket; j0 += kThreads) {  // block-uniform trip count
+        const uint32_t j = j0 + tid;
+        count(j < bucket ? cand[j] : 0u, j < bucket);
       }
-      const uint32_t digit = counted ? (key >> shift) & 0xffu : 0x100u;
-      const uint32_t peers = __match_any_sync(0xffffffffu, digit);
-      if (counted && (threadIdx.x % kWarp) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
+    } else {
+      visit_row(x, len, shift != 0, [&](float f, bool ok) { count(order_key(f), ok); });
     }
     __syncthreads();
-    // Counts from the highest digit down: the chosen digit is where the running count
-    // first reaches `remaining`.
-    const uint32_t cnt = tid < kBins ? hist[kBins - 1 - tid] : 0u;
-    uint32_t total;
-    const uint32_t above = block_exclusive_scan(cnt, warp_sums, &total);
-    if (tid < kBins && above < remaining && above + cnt >= remaining) {
-      chosen_digit = static_cast<uint32_t>(kBins - 1 - tid);
-      chosen_above = above;
-    }
-    __syncthreads();
-    prefix |= chosen_digit << shift;
-    mask |= 0xffu << shift;
-    remaining -= chosen_above;
-    __syncthreads();  // chosen_* are rewritten by the next pass
+    choose_digit<1>(hist, remaining, warp_sums, &chosen);
+    prefix |= chosen.digit << shift;
+    mask |= (kLowBins - 1u) << shift;
+    remaining -= chosen.above;
   }
   const uint32_t threshold = prefix;
   const uint32_t need_eq = remaining;  // keys == threshold to take, lowest index first
@@ -129,16 +229,30 @@ __global__ void __launch_bounds__(kThreads) topk_row_kernel(TopkArgs a) {
   // elements of a chunk). Before element j, gt_before keys > T and eq_before keys == T were
   // seen; the lowest-index ties are taken, so j's output slot is
   // gt_before + min(eq_before, need_eq). One block scan of packed (gt, eq) counts per chunk.
+  const bool aligned16 = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
   uint32_t gt_run = 0, eq_run = 0;  // block-uniform totals of the previous chunks
   for (int64_t c0 = 0; c0 < len; c0 += kThreads * kItems) {
     const int64_t first = c0 + static_cast<int64_t>(tid) * kItems;
-    uint32_t keys[kItems];
+    float vals[kItems];
+    if (aligned16 && first + kItems <= len) {
+#pragma unroll
+      for (int q = 0; q < kItems / 4; ++q) {
+        const float4 v = reinterpret_cast<const float4*>(x + first)[q];
+        vals[4 * q] = v.x;
+        vals[4 * q + 1] = v.y;
+        vals[4 * q + 2] = v.z;
+        vals[4 * q + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) vals[i] = first + i < len ? x[first + i] : 0.f;
+    }
     uint32_t gt = 0, eq = 0;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
-      keys[i] = first + i < len ? order_key(x[first + i]) : 0u;
-      gt += first + i < len && keys[i] > threshold;
-      eq += first + i < len && keys[i] == threshold;
+      const uint32_t key = order_key(vals[i]);
+      gt += first + i < len && key > threshold;
+      eq += first + i < len && key == threshold;
     }
     uint32_t total;
     const uint32_t before = block_exclusive_scan((gt << 16) | eq, warp_sums, &total);
@@ -146,11 +260,12 @@ __global__ void __launch_bounds__(kThreads) topk_row_kernel(TopkArgs a) {
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if (first + i >= len) break;
-      const bool is_gt = keys[i] > threshold, is_eq = keys[i] == threshold;
+      const uint32_t key = order_key(vals[i]);
+      const bool is_gt = key > threshold, is_eq = key == threshold;
       if (is_gt || (is_eq && eq_before < need_eq)) {
         const uint32_t pos = gt_before + (eq_before < need_eq ? eq_before : need_eq);
         idx_out[pos] = static_cast<int32_t>(first + i);
-        if (val_out) val_out[pos] = x[first + i];
+        if (val_out) val_out[pos] = vals[i];
       }
       gt_before += is_gt;
       eq_before += is_eq;

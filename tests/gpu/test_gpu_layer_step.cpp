@@ -254,7 +254,7 @@ TEST(GpuLayerStep, WithinPlanTiledEqualsWholeAndNearTheCpu) {
   // Caches: the same bytes as the CPU step (exact conversions), poison kept elsewhere.
   EXPECT_TRUE(same_bits(whole.mla, cpu.mla, "MLA cache"));
   EXPECT_TRUE(same_bits(whole.idx, cpu.idx, "indexer cache"));
-  EXPECT_EQ(whole.report.seqs[static_cast<int>(Route::kDense)], 2);
+  EXPECT_EQ(whole.report.seqs[static_cast<int>(Route::kDense)], 1);  // only kv_len 40 <= topk 64
   // Rows: the dense ones have the exact identity; sparse selections overlap the CPU's up to
   // near-ties of the FP8 accumulation order; outputs agree where the selections do.
   int64_t row = 0, differing = 0, sparse_rows = 0;

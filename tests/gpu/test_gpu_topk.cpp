@@ -123,6 +123,46 @@ TEST(GpuTopk, Prefill16KRows) {
   run_topk_same(rng, M, W, 2048, len, Fill::kNormal, false);
 }
 
+// The kernel keeps the keys of the k-th value's 12-bit bucket (sign, exponent, 3 mantissa bits)
+// in a 7168-entry shared list; a larger bucket reads the row instead. Buckets just below, at
+// and above that size, with duplicates (ties) among them, shuffled.
+TEST(GpuTopk, CandidateBucketAroundSharedCapacity) {
+  DSA_REQUIRE_GPU();
+  Rng rng(7);
+  const int64_t k = 2048, above = 1000, below = 5000;
+  for (const int64_t bucket : {int64_t{7167}, int64_t{7168}, int64_t{7169}, int64_t{30000}}) {
+    const int64_t W = above + bucket + below;
+    std::vector<float> x;
+    for (int64_t j = 0; j < above; ++j) x.push_back(4.f + static_cast<float>(j % 7));
+    // [1, 1.125) is one bucket; pairs of equal values make ties at the threshold.
+    for (int64_t j = 0; j < bucket; ++j) x.push_back(1.f + std::ldexp(static_cast<float>(j / 2), -23));
+    for (int64_t j = 0; j < below; ++j) x.push_back(j % 3 ? 0.5f : -kInf);
+    for (int64_t j = W - 1; j > 0; --j) std::swap(x[j], x[rng.integer(0, j)]);
+    const std::vector<int32_t> len = {static_cast<int32_t>(W)};
+    run_topk(x, 1, W, k, len, len, true);
+  }
+  // All equal (and all NaN) over a row far larger than the list: lowest indices win.
+  const int64_t W = 20000;
+  std::vector<float> x(static_cast<size_t>(2 * W));
+  for (int64_t j = 0; j < W; ++j) {
+    x[j] = -0.f;
+    x[W + j] = std::numeric_limits<float>::quiet_NaN();
+  }
+  x[W / 2] = 0.f;  // ties with -0
+  run_topk(x, 2, W, 1024, {static_cast<int32_t>(W), static_cast<int32_t>(W - 3)},
+           {static_cast<int32_t>(W), static_cast<int32_t>(W - 3)}, true);
+}
+
+// Rows of odd width start at every 16-byte alignment; lengths leave 0-3 tail elements and
+// rows shorter than the aligned head plus one vector.
+TEST(GpuTopk, UnalignedRowsAndOddLengths) {
+  DSA_REQUIRE_GPU();
+  Rng rng(8);
+  run_topk_same(rng, 8, 5001, 2048, {5001, 5000, 4999, 4998, 4997, 2049, 2050, 2051}, Fill::kNormal);
+  run_topk_same(rng, 8, 71, 64, {65, 66, 67, 68, 69, 70, 71, 71}, Fill::kNormal);
+  run_topk_same(rng, 7, 9999, 64, {9999, 9998, 9997, 9996, 65, 66, 67}, Fill::kSpecials);
+}
+
 // Device lengths outside [0, W] clamp: negative selects nothing, past W selects within W.
 TEST(GpuTopk, InvalidDeviceLengthsClamp) {
   DSA_REQUIRE_GPU();

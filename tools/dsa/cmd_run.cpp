@@ -1,5 +1,6 @@
-// `dsa run`: the main job. One DSA layer step on a mixed batch in a model's geometry, on
-// seeded random activations, every stage checked on sampled rows against a float64 reference.
+// `dsa run`: the main job. One full DSA layer step (dsa::Attention, planned by dsa::make_plan)
+// on a mixed batch in a model's geometry, on seeded random activations; the caches, the
+// selection and the attention outputs checked on sampled rows against a float64 reference.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,12 +20,13 @@ using Clock = std::chrono::steady_clock;
 
 struct RunOptions {
   std::string preset = "glm-5";
-  int context = 16384;  // kv_len of the long chunked prefill
+  int context = 0;      // kv_len of the long chunked prefill; 0: 16384 on the CPU, 65536 on CUDA
   int chunk = 256;      // its new rows
   int short_len = 512;  // the short prefill (kv_len <= topk: dense)
   int decode_seqs = 2;
   int next_n = 2;
   std::string mla_cache = "bf16";
+  int64_t score_budget = dsa::kDefaultScoreBudgetBytes;
   bool hadamard = false;
   std::string backend = "auto";
   uint64_t seed = 1;
@@ -35,34 +37,41 @@ struct RunOptions {
   bool quiet = false;
 };
 
+constexpr int kCpuDefaultContext = 16384;
+constexpr int kCudaDefaultContext = 65536;
+
 void run_usage(FILE* f) {
   std::fprintf(f,
       "usage: dsa run [options]\n"
-      "One DSA layer step (SPEC section 6) on seeded random activations for a mixed batch: a short\n"
-      "prefill (kv_len <= topk, routed to dense MLA), a chunked prefill over a cached prefix\n"
-      "(kv_len = --context) and decode sequences with next_n draft tokens (both sparse). Stages:\n"
-      "prepare indexer k/q (RoPE theta 10000), write the paged indexer and MLA caches (page 64),\n"
-      "indexer logits (paged), top-k, index mapping, sparse MLA, dense MLA. Sampled rows of every\n"
-      "stage are checked against a float64 reference; prints per-stage times, the workspace and\n"
-      "PASS or FAIL (exit code 0 or 1; 2 for bad options or setup errors).\n\n"
+      "One full DSA layer step (SPEC section 6) through the layer step (dsa::Attention) on seeded\n"
+      "random activations for a mixed batch: a short prefill (kv_len <= topk, routed dense), a\n"
+      "chunked prefill over a cached prefix (kv_len = --context) and decode sequences with next_n\n"
+      "tokens (both scored, sparse). The step is planned first (page 64, limits from the batch,\n"
+      "the score budget) and its workspace allocated once. Checked against a float64 reference:\n"
+      "both caches, the selected indices and the attention outputs of sampled rows. Prints the\n"
+      "plan, the step report (routes, scoring chunks and tiles, workspace high-water beside the\n"
+      "budget, per-stage times) and PASS or FAIL (exit code 0 or 1; 2 for bad options or setup\n"
+      "errors, including a score budget too small for the batch).\n\n"
       "options:\n"
-      "  --preset NAME      deepseek-v3.2 | glm-5 | glm-5.2            (default glm-5)\n"
-      "  --context N        kv_len of the chunked prefill               (default 16384)\n"
-      "  --chunk N          new rows of the chunked prefill             (default 256)\n"
-      "  --short N          length of the short prefill                 (default 512)\n"
-      "  --decode N         decode sequences                            (default 2)\n"
-      "  --next-n N         tokens per decode sequence                  (default 2)\n"
-      "  --mla-cache DTYPE  bf16 | fp8                                  (default bf16)\n"
-      "  --hadamard         Hadamard-128 on indexer q and k before FP8\n"
-      "  --backend NAME     cpu | cuda | auto (auto: cuda when built and a device is visible)\n"
-      "  --seed N           seed of the random activations              (default 1)\n"
-      "  --samples N        rows checked per stage                      (default 4)\n"
-      "  --threads N        CPU threads (default: all)\n"
-      "  --repeat N         run the step N times, report each stage's fastest run (default 1;\n"
-      "                     the step is idempotent: same tokens into the same slots)\n"
-      "  --json             one JSON object on stdout (progress stays on stderr)\n"
-      "  --quiet            no progress lines\n"
-      "  --help             this text\n");
+      "  --preset NAME        deepseek-v3.2 | glm-5 | glm-5.2          (default glm-5)\n"
+      "  --context N          kv_len of the chunked prefill (default 16384 on the CPU,\n"
+      "                       65536 when the backend is CUDA)\n"
+      "  --chunk N            new rows of the chunked prefill           (default 256)\n"
+      "  --short N            length of the short prefill               (default 512)\n"
+      "  --decode N           decode sequences                          (default 2)\n"
+      "  --next-n N           tokens per decode sequence                (default 2)\n"
+      "  --mla-cache DTYPE    bf16 | fp8                                (default bf16)\n"
+      "  --hadamard           Hadamard-128 on indexer q and k before FP8\n"
+      "  --score-budget SIZE  scoring budget, B/KiB/MiB/GiB             (default 512MiB)\n"
+      "  --backend NAME       cpu | cuda | auto (auto: cuda when built and a device is visible)\n"
+      "  --seed N             seed of the random activations            (default 1)\n"
+      "  --samples N          rows checked per sampled check            (default 4)\n"
+      "  --threads N          CPU threads (default: all)\n"
+      "  --repeat N           run the step N times, report the fastest (default 1; the step is\n"
+      "                       idempotent: same tokens into the same slots)\n"
+      "  --json               one JSON object on stdout (progress stays on stderr)\n"
+      "  --quiet              no progress lines\n"
+      "  --help               this text\n");
 }
 
 bool parse_int(const char* s, long lo, long hi, long* out) {
@@ -117,6 +126,14 @@ int parse(int argc, char** argv, RunOptions* o) {
         return 2;
       }
       o->mla_cache = v;
+    } else if (a == "--score-budget") {
+      if (!value(&v)) return 2;
+      dsa::Status st = dsa::parse_byte_size(v, &o->score_budget);
+      if (!st.ok() || o->score_budget <= 0) {
+        std::fprintf(stderr, "dsa run: --score-budget: %s\n",
+                     st.ok() ? "expected a positive size such as 512MiB or 256KiB" : st.message().c_str());
+        return 2;
+      }
     } else if (a == "--hadamard") {
       o->hadamard = true;
     } else if (a == "--backend") {
@@ -162,10 +179,22 @@ std::string json_str(const std::string& s) {
   return o + "\"";
 }
 
-std::string mib(size_t bytes) {
+std::string size_str(int64_t bytes) { return dsa::format_byte_size(bytes); }
+
+std::string ms_str(double ms) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  std::snprintf(buf, sizeof buf, "%.3f", ms);
   return buf;
+}
+
+// The step's stages as the report times them (host time; on CUDA the time to enqueue).
+struct StageTime {
+  const char* name;
+  double ms;
+};
+std::vector<StageTime> stage_times(const dsa::StepReport& r) {
+  return {{"cache", r.ms_cache},   {"prepare", r.ms_prepare}, {"score", r.ms_score}, {"select", r.ms_select},
+          {"map", r.ms_map},       {"sparse", r.ms_sparse},   {"dense", r.ms_dense}, {"total", r.ms_total}};
 }
 
 int setup_error(bool json, const std::string& backend, const std::string& preset, const std::string& msg) {
@@ -208,6 +237,8 @@ int cmd_run(int argc, char** argv) {
     if (d.device == device) device_name = d.name;
   const std::string backend = device.type == dsa::DeviceType::kCUDA ? "cuda" : "cpu";
 
+  if (o.context == 0) o.context = device.type == dsa::DeviceType::kCUDA ? kCudaDefaultContext : kCpuDefaultContext;
+
   dsa_cli::BatchSpec spec = dsa_cli::default_batch(geo, o.context, o.chunk, o.short_len, o.decode_seqs, o.next_n);
   spec.mla_dtype = o.mla_cache == "fp8" ? dsa::MlaCacheDtype::kFP8 : dsa::MlaCacheDtype::kBF16;
   spec.hadamard = o.hadamard;
@@ -216,6 +247,10 @@ int cmd_run(int argc, char** argv) {
   std::string err = spec.finalize();
   if (!err.empty()) return setup_error(o.json, backend, o.preset, err);
 
+  dsa::Plan plan;
+  st = dsa::make_plan(dsa_cli::plan_config(spec, o.score_budget), &plan);
+  if (!st.ok()) return setup_error(o.json, backend, o.preset, st.message());
+
   const char* rope = geo.index_rope == dsa::RopeStyle::kInterleaved ? "interleaved" : "half-split";
   if (!o.json) {
     std::printf("dsa run: %s (H=%d, H_idx=%d, topk=%d, %s indexer RoPE%s), MLA cache %s, seed %llu\n",
@@ -223,68 +258,64 @@ int cmd_run(int argc, char** argv) {
                 o.mla_cache.c_str(), (unsigned long long)o.seed);
     std::printf("backend: %s (%s%s)\n", backend.c_str(), device_name.c_str(),
                 backend == "cpu" ? (", " + std::to_string(dsa::num_threads()) + " threads").c_str() : "");
-    std::printf("batch: %zu sequences, %d new tokens (%d dense rows, %d sparse rows), %lld cached tokens, page %d\n",
-                spec.seqs.size(), spec.num_tokens, spec.num_dense_rows, spec.num_sparse_rows,
-                (long long)spec.prefix_tokens(), spec.page_size);
+    std::printf("batch: %zu sequences, %d new tokens, %lld cached tokens, page %d\n", spec.seqs.size(),
+                spec.num_tokens, (long long)spec.prefix_tokens(), spec.page_size);
     for (size_t i = 0; i < spec.seqs.size(); ++i) {
       const auto& q = spec.seqs[i];
-      std::printf("  seq %zu  %-15s q_len %6d  kv_len %7d  -> %s\n", i, dsa_cli::seq_kind_name(q.kind), q.q_len,
-                  q.kv_len, q.sparse ? "sparse (score, top-k, map, sparse MLA)" : "dense MLA (kv_len <= topk)");
+      std::printf("  seq %zu  %-15s q_len %6d  kv_len %7d  -> %s\n", i, dsa_cli::seq_kind_name(q.kind), q.q_len, q.kv_len,
+                  q.sparse ? "sparse (scored)" : "dense (kv_len <= topk)");
     }
+    std::printf("plan: workspace %s, score budget %s (region %s, minimum %s), %s\n",
+                size_str(plan.workspace_bytes).c_str(), size_str(plan.score_budget_bytes).c_str(),
+                size_str(plan.score_region_bytes).c_str(), size_str(plan.min_score_budget_bytes).c_str(),
+                plan.tile_width > 0
+                    ? ("rows of " + std::to_string(spec.max_kv_len) + " keys tiled by " + std::to_string(plan.tile_width)).c_str()
+                    : (std::to_string(plan.rows_per_chunk(spec.max_kv_len)) + " rows of " + std::to_string(spec.max_kv_len) +
+                       " keys per scoring chunk").c_str());
     std::fflush(stdout);
   }
 
   auto t_setup = Clock::now();
   dsa_cli::RunBuffers bufs;
-  err = dsa_cli::setup_run(spec, &bufs, progress);
+  err = dsa_cli::setup_run(spec, plan, &bufs, progress);
   if (!err.empty()) return setup_error(o.json, backend, o.preset, "setup: " + err);
+  dsa::Attention attn(plan);
   double setup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_setup).count();
 
-  // The step (repeated: each stage keeps its fastest run; the first run on a GPU pays for
-  // module loading).
-  std::vector<dsa_cli::StageResult> results;
-  bool call_failed = false;
-  const auto& stages = dsa_cli::step_stages();
-  for (int rep = 0; rep < o.repeat && !call_failed; ++rep) {
-    for (size_t i = 0; i < stages.size(); ++i) {
-      if (call_failed) {
-        if (rep == 0) {
-          dsa_cli::StageResult r;
-          r.name = stages[i].name;
-          r.what = "not run (an earlier stage failed)";
-          results.push_back(r);
-        }
-        continue;
-      }
-      if (progress)
-        std::fprintf(stderr, "[dsa run] %sstage %zu/%zu: %s\n",
-                     o.repeat > 1 ? ("run " + std::to_string(rep + 1) + "/" + std::to_string(o.repeat) + ", ").c_str() : "",
-                     i + 1, stages.size(), stages[i].name);
-      dsa_cli::StageResult r = stages[i].fn(spec, bufs);
-      if (!r.error.empty()) call_failed = true;
-      if (rep == 0) results.push_back(r);
-      else if (!r.error.empty() || r.ms < results[i].ms) results[i] = r;
+  // The step, repeated: the fastest run is reported (the first on a GPU pays for module loading).
+  dsa::StepReport report;
+  double wall_ms = 0;
+  std::string step_error;
+  for (int rep = 0; rep < o.repeat && step_error.empty(); ++rep) {
+    if (progress)
+      std::fprintf(stderr, "[dsa run] layer step%s\n",
+                   o.repeat > 1 ? (" " + std::to_string(rep + 1) + "/" + std::to_string(o.repeat)).c_str() : "");
+    dsa::StepReport r;
+    double ms = 0;
+    step_error = dsa_cli::run_step(spec, bufs, attn, &r, &ms);
+    if (rep == 0 || ms < wall_ms) {
+      report = r;
+      wall_ms = ms;
     }
   }
-  double step_ms = 0;
-  for (auto& r : results) step_ms += r.ms;
 
   // The checks.
   auto t_check = Clock::now();
-  std::vector<dsa_cli::CheckResult> checks(results.size());
-  if (!call_failed) {
-    if (progress) std::fprintf(stderr, "[dsa run] checking %d sampled rows per stage against the float64 reference\n", o.samples);
-    err = dsa_cli::download_all(bufs);
+  std::vector<dsa_cli::CheckResult> checks;
+  if (step_error.empty()) {
+    if (progress) std::fprintf(stderr, "[dsa run] checking against the float64 reference (%d sampled rows)\n", o.samples);
+    err = dsa_cli::prepare_reference_queries(spec, bufs);
+    if (err.empty()) err = dsa_cli::download_all(bufs);
     if (!err.empty()) return setup_error(o.json, backend, o.preset, err);
-    for (size_t i = 0; i < results.size(); ++i)
-      if (results[i].ran) checks[i] = dsa_cli::check_stage(results[i].name, spec, bufs, o.samples);
+    checks = dsa_cli::check_step(spec, bufs, plan, report, o.samples);
   }
   double check_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_check).count();
 
-  bool passed = !call_failed;
-  for (size_t i = 0; i < results.size(); ++i) passed &= !results[i].ran || checks[i].passed;
-  const size_t ws = bufs.workspace ? bufs.workspace->bytes() : 0;
-  const size_t logits_bytes = bufs.logits->bytes();
+  bool passed = step_error.empty();
+  for (auto& c : checks) passed &= c.passed;
+  const auto times = stage_times(report);
+  const int kRoutes = 3;
+  const dsa::Route routes[kRoutes] = {dsa::Route::kDense, dsa::Route::kSparseScored, dsa::Route::kSparseShared};
 
   if (o.json) {
     std::string j = "{";
@@ -294,6 +325,7 @@ int cmd_run(int argc, char** argv) {
     j += ", \"context\": " + std::to_string(o.context) + ", \"mla_cache\": " + json_str(o.mla_cache);
     j += ", \"hadamard\": " + std::string(o.hadamard ? "true" : "false");
     j += ", \"threads\": " + std::to_string(dsa::num_threads()) + ", \"repeat\": " + std::to_string(o.repeat);
+    j += ", \"error\": " + json_str(step_error);
     j += ", \"batch\": [";
     for (size_t i = 0; i < spec.seqs.size(); ++i) {
       const auto& q = spec.seqs[i];
@@ -301,55 +333,64 @@ int cmd_run(int argc, char** argv) {
            ", \"q_len\": " + std::to_string(q.q_len) + ", \"kv_len\": " + std::to_string(q.kv_len) +
            ", \"route\": " + json_str(q.sparse ? "sparse" : "dense") + "}";
     }
-    j += "], \"stages\": [";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const auto& r = results[i];
+    j += "], \"routes\": {";
+    for (int i = 0; i < kRoutes; ++i) {
+      const int r = static_cast<int>(routes[i]);
+      j += std::string(i ? ", " : "") + json_str(dsa::route_name(routes[i])) + ": {\"seqs\": " +
+           std::to_string(report.seqs[r]) + ", \"rows\": " + std::to_string(report.rows[r]) + "}";
+    }
+    j += "}, \"score_chunks\": " + std::to_string(report.score_chunks) +
+         ", \"tiled_rows\": " + std::to_string(report.tiled_rows) + ", \"score_tiles\": " + std::to_string(report.score_tiles);
+    j += ", \"workspace_high_water_bytes\": " + std::to_string(report.workspace_high_water_bytes) +
+         ", \"score_high_water_bytes\": " + std::to_string(report.score_high_water_bytes) +
+         ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes) +
+         ", \"score_budget_bytes\": " + std::to_string(plan.score_budget_bytes) +
+         ", \"score_region_bytes\": " + std::to_string(plan.score_region_bytes) +
+         ", \"min_score_budget_bytes\": " + std::to_string(plan.min_score_budget_bytes) +
+         ", \"tile_width\": " + std::to_string(plan.tile_width);
+    j += ", \"times_ms\": {\"setup\": " + ms_str(setup_ms) + ", \"step_wall\": " + ms_str(wall_ms) +
+         ", \"check\": " + ms_str(check_ms);
+    for (const auto& t : times) j += ", \"" + std::string(t.name) + "\": " + ms_str(t.ms);
+    j += "}, \"checks\": [";
+    for (size_t i = 0; i < checks.size(); ++i) {
       const auto& c = checks[i];
-      char ms[32], worst[32];
-      std::snprintf(ms, sizeof ms, "%.3f", r.ms);
+      char worst[32];
       std::snprintf(worst, sizeof worst, "%.4g", c.worst);
-      j += std::string(i ? ", " : "") + "{\"name\": " + json_str(r.name) + ", \"ran\": " + (r.ran ? "true" : "false") +
-           ", \"what\": " + json_str(r.what) + ", \"ms\": " + ms + ", \"error\": " + json_str(r.error) +
-           ", \"checked_rows\": " + std::to_string(c.rows) + ", \"passed\": " + (!r.ran || c.passed ? "true" : "false") +
-           ", \"worst_error_over_tolerance\": " + worst + ", \"detail\": " + json_str(c.detail) + "}";
+      j += std::string(i ? ", " : "") + "{\"name\": " + json_str(c.stage) + ", \"rows\": " + std::to_string(c.rows) +
+           ", \"passed\": " + (c.passed ? "true" : "false") + ", \"worst_error_over_tolerance\": " + worst +
+           ", \"detail\": " + json_str(c.detail) + "}";
     }
-    char t[256];
-    std::snprintf(t, sizeof t, "], \"times_ms\": {\"setup\": %.3f, \"step\": %.3f, \"check\": %.3f", setup_ms, step_ms, check_ms);
-    j += t;
-    for (auto& r : results) {
-      std::snprintf(t, sizeof t, ", \"%s\": %.3f", r.name.c_str(), r.ms);
-      j += t;
-    }
-    j += "}, \"workspace_bytes\": {\"scoring_logits\": " + std::to_string(logits_bytes) +
-         ", \"topk\": " + std::to_string(bufs.workspace_topk) + ", \"sparse_mla\": " + std::to_string(bufs.workspace_sparse) +
-         ", \"dense_mla\": " + std::to_string(bufs.workspace_dense) + ", \"shared_workspace\": " + std::to_string(ws) +
-         "}, \"buffer_bytes\": " + std::to_string(bufs.total_bytes) + "}";
+    j += "], \"buffer_bytes\": " + std::to_string(bufs.total_bytes) + "}";
     std::printf("%s\n", j.c_str());
     return passed ? 0 : 1;
   }
 
-  std::printf("\n%-20s %10s  %-6s %s\n", "stage", "time (ms)", "check", "what");
-  for (size_t i = 0; i < results.size(); ++i) {
-    const auto& r = results[i];
-    const auto& c = checks[i];
-    if (!r.ran) {
-      std::printf("%-20s %10s  %-6s %s\n", r.name.c_str(), "-", "-", r.what.c_str());
-      continue;
-    }
-    const char* verdict = !r.error.empty() ? "ERROR" : (call_failed ? "-" : (c.passed ? "ok" : "FAIL"));
-    std::printf("%-20s %10.2f  %-6s %s", r.name.c_str(), r.ms, verdict, r.what.c_str());
-    if (!call_failed && c.worst == 0) std::printf("; %d rows checked, exact", c.rows);
-    else if (!call_failed) std::printf("; %d rows checked, max err/tol %.2f", c.rows, c.worst);
-    std::printf("\n");
-    if (!r.error.empty()) std::printf("    error: %s\n", r.error.c_str());
+  if (!step_error.empty()) std::printf("\nstep failed: %s\n", step_error.c_str());
+  std::printf("\nroutes:");
+  for (int i = 0; i < kRoutes; ++i) {
+    const int r = static_cast<int>(routes[i]);
+    std::printf("%s %s %lld seqs / %lld rows", i ? "," : "", dsa::route_name(routes[i]), (long long)report.seqs[r],
+                (long long)report.rows[r]);
+  }
+  std::printf("\nscoring: %lld chunks, %lld rows tiled in %lld tiles\n", (long long)report.score_chunks,
+              (long long)report.tiled_rows, (long long)report.score_tiles);
+  std::printf("workspace: high-water %s of the plan's %s; score high-water %s, region %s, budget %s\n",
+              size_str(report.workspace_high_water_bytes).c_str(), size_str(plan.workspace_bytes).c_str(),
+              size_str(report.score_high_water_bytes).c_str(), size_str(plan.score_region_bytes).c_str(),
+              size_str(plan.score_budget_bytes).c_str());
+  std::printf("times (ms%s):", backend == "cuda" ? ", host time to enqueue" : "");
+  for (const auto& t : times) std::printf(" %s %.2f", t.name, t.ms);
+  std::printf("; step wall %.2f (synchronised)\n", wall_ms);
+
+  if (!checks.empty()) std::printf("\n%-22s %6s  %-6s %s\n", "check", "rows", "result", "max err/tol");
+  for (const auto& c : checks) {
+    std::printf("%-22s %6d  %-6s ", c.stage.c_str(), c.rows, c.passed ? "ok" : "FAIL");
+    if (c.worst == 0) std::printf("%s\n", c.passed ? "exact" : "-");
+    else std::printf("%.3g\n", c.worst);
     if (!c.detail.empty()) std::printf("    mismatch: %s\n", c.detail.c_str());
   }
-  std::printf("%-20s %10.2f\n", "step total", step_ms);
-  std::printf("\nworkspace: scoring logits %s ([%d x %d] f32), topk %s, sparse_mla %s, dense_mla %s; shared workspace %s\n",
-              mib(logits_bytes).c_str(), spec.num_sparse_rows, spec.logits_width, mib(bufs.workspace_topk).c_str(),
-              mib(bufs.workspace_sparse).c_str(), mib(bufs.workspace_dense).c_str(), mib(ws).c_str());
-  std::printf("memory: %s in all buffers (caches, activations, outputs); setup %.0f ms, checks %.0f ms\n",
-              mib(bufs.total_bytes).c_str(), setup_ms, check_ms);
+  std::printf("\nmemory: %s in all buffers (caches, activations, outputs, workspace); setup %.0f ms, checks %.0f ms\n",
+              size_str(static_cast<int64_t>(bufs.total_bytes)).c_str(), setup_ms, check_ms);
   std::printf("%s\n", passed ? "PASS" : "FAIL");
   return passed ? 0 : 1;
 }

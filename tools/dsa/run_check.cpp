@@ -151,34 +151,98 @@ void fail(CheckResult* c, const std::string& why) {
   c->passed = false;
 }
 
-CheckResult check_prepare_k(const BatchSpec& s, RunBuffers& b, int n) {
+// Slot `slot` of both caches unchanged since setup (the indexer page keeps keys, then scales).
+bool idx_slot_unchanged(const BatchSpec& s, RunBuffers& b, int64_t slot) {
+  const int64_t page = slot / s.page_size, off = slot % s.page_size, base = page * s.page_size * dsa::kIndexerTokenBytes;
+  const uint8_t *now = b.idx_cache->host(), *was = b.idx_cache_before.data();
+  return std::memcmp(now + base + off * 128, was + base + off * 128, 128) == 0 &&
+         std::memcmp(now + base + s.page_size * 128 + off * 4, was + base + s.page_size * 128 + off * 4, 4) == 0;
+}
+bool mla_slot_unchanged(const BatchSpec& s, RunBuffers& b, int64_t slot) {
+  const int64_t tb = dsa::mla_token_bytes(s.mla_dtype);
+  return std::memcmp(b.mla_cache->host() + slot * tb, b.mla_cache_before.data() + slot * tb, static_cast<size_t>(tb)) == 0;
+}
+
+// Slots of the step's new tokens, marked in a [num_blocks * page] table.
+std::vector<char> new_token_slots(const BatchSpec& s, RunBuffers& b) {
+  std::vector<char> mine(size_t(s.num_blocks) * s.page_size, 0);
+  for (int t = 0; t < s.num_tokens; ++t) mine[slot_of(s, b, s.row_seq[t], s.row_pos[t])] = 1;
+  return mine;
+}
+
+// Every new token's key in the indexer cache against the float64 preparation; every other
+// slot (cached prefixes, spare NaN pages) byte for byte as setup left it.
+CheckResult check_indexer_cache(const BatchSpec& s, RunBuffers& b) {
   CheckResult c;
-  auto rows = sample_rows(0, s.num_tokens, n, {s.num_dense_rows}, s.seed + 1);
-  for (int t : rows) {
+  for (int t = 0; t < s.num_tokens; ++t) {
     Fp8Vec ref = prepare_ref(b.idx_k->host_as<uint16_t>() + int64_t(t) * 128, s.row_pos[t],
                              b.cos_sin->host_as<float>(), s.geo.index_rope, s.hadamard);
+    const int64_t slot = slot_of(s, b, s.row_seq[t], s.row_pos[t]);
     std::string why;
-    if (!compare_fp8(b.k8->host() + int64_t(t) * 128, b.k_scale->host_as<float>()[t], ref, &c.worst, &why))
-      fail(&c, "token " + std::to_string(t) + ": " + why);
+    if (!compare_fp8(idx_cache_k(s, b, slot), idx_cache_scale(s, b, slot), ref, &c.worst, &why))
+      fail(&c, "token " + std::to_string(t) + " (slot " + std::to_string(slot) + "): " + why);
     ++c.rows;
   }
+  const auto mine = new_token_slots(s, b);
+  for (int64_t slot = 0; slot < int64_t(mine.size()); ++slot)
+    if (!mine[slot] && !idx_slot_unchanged(s, b, slot)) {
+      fail(&c, "slot " + std::to_string(slot) + " holds no new token but changed");
+      break;
+    }
   return c;
 }
 
+// Every new token's latent in the MLA cache, bytes exactly determined (BF16 copies; FP8 with
+// power-of-two tile scales of BF16 inputs); every other slot unchanged.
+CheckResult check_mla_cache(const BatchSpec& s, RunBuffers& b) {
+  CheckResult c;
+  for (int t = 0; t < s.num_tokens; ++t) {
+    int64_t slot = slot_of(s, b, s.row_seq[t], s.row_pos[t]);
+    const uint8_t* tok = b.mla_cache->host() + slot * dsa::mla_token_bytes(s.mla_dtype);
+    const uint16_t* kv = b.kv_c->host_as<uint16_t>() + int64_t(t) * 512;
+    const uint16_t* pe = b.k_pe->host_as<uint16_t>() + int64_t(t) * 64;
+    if (s.mla_dtype == dsa::MlaCacheDtype::kBF16) {
+      if (std::memcmp(tok, kv, 1024) != 0 || std::memcmp(tok + 1024, pe, 128) != 0)
+        fail(&c, "token " + std::to_string(t) + ": bf16 bytes at slot " + std::to_string(slot) + " differ");
+    } else {
+      for (int tile = 0; tile < 4; ++tile) {
+        float amax = 0;
+        for (int d = 0; d < 128; ++d) amax = std::max(amax, std::fabs(dsa::bf16_to_float(kv[tile * 128 + d])));
+        float sc = dsa::ue8m0_scale(amax), got;
+        std::memcpy(&got, tok + dsa::kMlaFp8ScaleOffset + tile * 4, 4);
+        if (got != sc) fail(&c, "token " + std::to_string(t) + ": tile scale differs");
+        for (int d = 0; d < 128; ++d)
+          if (tok[tile * 128 + d] != dsa::quantize_e4m3(dsa::bf16_to_float(kv[tile * 128 + d]), 1.0f / sc))
+            fail(&c, "token " + std::to_string(t) + ": fp8 byte " + std::to_string(tile * 128 + d) + " differs");
+      }
+      if (std::memcmp(tok + dsa::kMlaFp8RopeOffset, pe, 128) != 0) fail(&c, "token " + std::to_string(t) + ": k_pe differs");
+    }
+    ++c.rows;
+  }
+  const auto mine = new_token_slots(s, b);
+  for (int64_t slot = 0; slot < int64_t(mine.size()); ++slot)
+    if (!mine[slot] && !mla_slot_unchanged(s, b, slot)) {
+      fail(&c, "slot " + std::to_string(slot) + " holds no new token but changed");
+      break;
+    }
+  return c;
+}
+
+// The prepared queries the selection check scores with (prepare_indexer_q on every row; the
+// step's own preparation is row-wise the same call) against the float64 preparation.
 CheckResult check_prepare_q(const BatchSpec& s, RunBuffers& b, int n) {
   CheckResult c;
   const int Hi = s.geo.index_heads;
   const double fold = 1.0 / std::sqrt(128.0 * Hi);
   for (int t : sparse_sample(s, n)) {
-    int r = t - s.num_dense_rows;
     for (int h = 0; h < Hi; ++h) {
-      int64_t off = (int64_t(r) * Hi + h) * 128;
+      int64_t off = (int64_t(t) * Hi + h) * 128;
       Fp8Vec ref = prepare_ref(b.idx_q->host_as<uint16_t>() + off, s.row_pos[t], b.cos_sin->host_as<float>(),
                                s.geo.index_rope, s.hadamard);
       // The gate folds the backend's own s_q: w' = fl(w c) s_q (SPEC §3.3, docs/design.md).
-      float sq = b.q_scale->host_as<float>()[int64_t(r) * Hi + h];
-      double w = b.idx_w->host_as<float>()[int64_t(r) * Hi + h];
-      double wf = b.w_folded->host_as<float>()[int64_t(r) * Hi + h];
+      float sq = b.q_scale->host_as<float>()[int64_t(t) * Hi + h];
+      double w = b.idx_w->host_as<float>()[int64_t(t) * Hi + h];
+      double wf = b.w_folded->host_as<float>()[int64_t(t) * Hi + h];
       double want = w * fold * sq;
       double tol = std::fabs(want) * 2e-7 + 1e-30;
       std::string why;
@@ -195,161 +259,74 @@ CheckResult check_prepare_q(const BatchSpec& s, RunBuffers& b, int n) {
   return c;
 }
 
-CheckResult check_write_indexer(const BatchSpec& s, RunBuffers& b, int n) {
+// The step's selection (StepParams::indices_out). Every row: min(L, k) ascending keys in
+// [0, L) then -1; dense rows exactly the identity 0..L-1. Sampled sparse rows: against logits in
+// float64 from the prepared queries and the cache bytes, compared as sets with ties by value:
+// the best key left out may beat the worst key taken by no more than their two tolerances
+// (1e-5 of the sum of absolute terms; 2^-12 on CUDA, whose FP8 tensor cores accumulate with
+// about 14 mantissa bits).
+CheckResult check_selection(const BatchSpec& s, RunBuffers& b, int n) {
   CheckResult c;
-  for (int t : sample_rows(0, s.num_tokens, n, {s.num_dense_rows}, s.seed + 2)) {
-    int64_t slot = slot_of(s, b, s.row_seq[t], s.row_pos[t]);
-    if (std::memcmp(idx_cache_k(s, b, slot), b.k8->host() + int64_t(t) * 128, 128) != 0)
-      fail(&c, "token " + std::to_string(t) + ": key bytes at slot " + std::to_string(slot) + " differ");
-    float sc = idx_cache_scale(s, b, slot), want = b.k_scale->host_as<float>()[t];
-    if (std::memcmp(&sc, &want, 4) != 0) fail(&c, "token " + std::to_string(t) + ": scale differs");
-    ++c.rows;
-  }
-  return c;
-}
-
-CheckResult check_write_mla(const BatchSpec& s, RunBuffers& b, int n) {
-  CheckResult c;
-  for (int t : sample_rows(0, s.num_tokens, n, {s.num_dense_rows}, s.seed + 3)) {
-    int64_t slot = slot_of(s, b, s.row_seq[t], s.row_pos[t]);
-    const uint8_t* tok = b.mla_cache->host() + slot * dsa::mla_token_bytes(s.mla_dtype);
-    const uint16_t* kv = b.kv_c->host_as<uint16_t>() + int64_t(t) * 512;
-    const uint16_t* pe = b.k_pe->host_as<uint16_t>() + int64_t(t) * 64;
-    if (s.mla_dtype == dsa::MlaCacheDtype::kBF16) {
-      if (std::memcmp(tok, kv, 1024) != 0 || std::memcmp(tok + 1024, pe, 128) != 0)
-        fail(&c, "token " + std::to_string(t) + ": bf16 bytes at slot " + std::to_string(slot) + " differ");
-    } else {
-      // Inputs are BF16 and scales powers of two, so the FP8 bytes are exactly determined.
-      for (int tile = 0; tile < 4; ++tile) {
-        float amax = 0;
-        for (int d = 0; d < 128; ++d) amax = std::max(amax, std::fabs(dsa::bf16_to_float(kv[tile * 128 + d])));
-        float sc = dsa::ue8m0_scale(amax), got;
-        std::memcpy(&got, tok + dsa::kMlaFp8ScaleOffset + tile * 4, 4);
-        if (got != sc) fail(&c, "token " + std::to_string(t) + ": tile scale differs");
-        for (int d = 0; d < 128; ++d)
-          if (tok[tile * 128 + d] != dsa::quantize_e4m3(dsa::bf16_to_float(kv[tile * 128 + d]), 1.0f / sc))
-            fail(&c, "token " + std::to_string(t) + ": fp8 byte " + std::to_string(tile * 128 + d) + " differs");
-      }
-      if (std::memcmp(tok + dsa::kMlaFp8RopeOffset, pe, 128) != 0) fail(&c, "token " + std::to_string(t) + ": k_pe differs");
-    }
-    ++c.rows;
-  }
-  return c;
-}
-
-CheckResult check_logits(const BatchSpec& s, RunBuffers& b, int n) {
-  CheckResult c;
-  const int Hi = s.geo.index_heads, W = s.logits_width;
-  const float* lg = b.logits->host_as<float>();
-  // f32 accumulation on the CPU; Hopper FP8 tensor cores accumulate with fewer mantissa bits
-  // (about 14), so the GPU gets 2^-12 of the sum of absolute terms.
-  const double rel = s.device.type == dsa::DeviceType::kCUDA ? 1.0 / 4096 : 1e-5;
-  // Every row: finite inside its length, -inf past it (poisoned cache slots would show as NaN).
-  for (int r = 0; r < s.num_sparse_rows && c.passed; ++r) {
-    int L = b.row_len->host_as<int32_t>()[r];
-    for (int j = 0; j < W; ++j) {
-      float v = lg[int64_t(r) * W + j];
-      if (j < L ? !std::isfinite(v) : !(std::isinf(v) && v < 0)) {
-        fail(&c, "row " + std::to_string(s.num_dense_rows + r) + " column " + std::to_string(j) + ": " +
-                     std::to_string(v) + (j < L ? " (expected finite)" : " (expected -inf)"));
+  const int K = s.geo.topk, Hi = s.geo.index_heads;
+  const int32_t* sel = b.indices->host_as<int32_t>();
+  for (int t = 0; t < s.num_tokens && c.passed; ++t) {
+    const int L = s.row_pos[t] + 1, want = std::min(L, K);
+    const bool dense = t < s.num_dense_rows;
+    for (int j = 0; j < K; ++j) {
+      const int v = sel[int64_t(t) * K + j];
+      const bool ok = j >= want ? v == -1 : dense ? v == j : (v >= 0 && v < L && (j == 0 || v > sel[int64_t(t) * K + j - 1]));
+      if (!ok) {
+        fail(&c, "row " + std::to_string(t) + " entry " + std::to_string(j) + " = " + std::to_string(v) +
+                     (dense ? " (dense row: expected the identity)" : " (expected ascending keys in [0, L) then -1)"));
         break;
       }
     }
   }
+  if (!c.passed) return c;
+  c.rows = s.num_dense_rows;  // dense rows: exact, all of them
+  const double rel = s.device.type == dsa::DeviceType::kCUDA ? 1.0 / 4096 : 1e-5;
+  std::vector<double> qd(size_t(Hi) * 128), ref, tol;
+  std::vector<char> chosen;
   for (int t : sparse_sample(s, n)) {
-    int r = t - s.num_dense_rows, seq = s.row_seq[t], L = s.row_pos[t] + 1;
-    const uint8_t* q = b.q8->host() + int64_t(r) * Hi * 128;
-    const float* w = b.w_folded->host_as<float>() + int64_t(r) * Hi;
-    double qd[128 * 64];
+    const int seq = s.row_seq[t], L = s.row_pos[t] + 1;
+    const uint8_t* q = b.q8->host() + int64_t(t) * Hi * 128;
+    const float* w = b.w_folded->host_as<float>() + int64_t(t) * Hi;
     for (int i = 0; i < Hi * 128; ++i) qd[i] = dsa::e4m3_to_float(q[i]);
+    ref.assign(L, 0.0);
+    tol.assign(L, 0.0);
     for (int j = 0; j < L; ++j) {
-      int64_t slot = slot_of(s, b, seq, j);
+      const int64_t slot = slot_of(s, b, seq, j);
       const uint8_t* k = idx_cache_k(s, b, slot);
       double kd[128];
       for (int d = 0; d < 128; ++d) kd[d] = dsa::e4m3_to_float(k[d]);
-      double sk = idx_cache_scale(s, b, slot), ref = 0, mag = 0;
+      double sk = idx_cache_scale(s, b, slot), r = 0, mag = 0;
       for (int h = 0; h < Hi; ++h) {
         double dot = 0, absdot = 0;
         for (int d = 0; d < 128; ++d) {
           dot += qd[h * 128 + d] * kd[d];
           absdot += std::fabs(qd[h * 128 + d] * kd[d]);
         }
-        ref += w[h] * std::max(dot, 0.0) * sk;
+        r += w[h] * std::max(dot, 0.0) * sk;
         mag += std::fabs(w[h]) * absdot * sk;
       }
-      double got = lg[int64_t(r) * W + j], tol = rel * mag + 1e-30, err = std::fabs(got - ref);
-      c.worst = std::max(c.worst, std::isfinite(err) ? err / tol : kInf);
-      if (!(err <= tol)) {
-        char buf[160];
-        std::snprintf(buf, sizeof buf, "row %d column %d: %.7g, reference %.7g", t, j, got, ref);
+      ref[j] = r;
+      tol[j] = rel * mag + 1e-30;
+    }
+    chosen.assign(L, 0);
+    for (int j = 0; j < std::min(L, K); ++j) chosen[sel[int64_t(t) * K + j]] = 1;
+    int worst_in = -1, best_out = -1;
+    for (int j = 0; j < L; ++j) {
+      if (chosen[j] && (worst_in < 0 || ref[j] < ref[worst_in])) worst_in = j;
+      if (!chosen[j] && (best_out < 0 || ref[j] > ref[best_out])) best_out = j;
+    }
+    if (worst_in >= 0 && best_out >= 0 && ref[best_out] > ref[worst_in]) {
+      const double over = (ref[best_out] - ref[worst_in]) / (tol[best_out] + tol[worst_in]);
+      c.worst = std::max(c.worst, over);
+      if (!(over <= 1.0)) {
+        char buf[200];
+        std::snprintf(buf, sizeof buf, "row %d: key %d (score %.7g) left out, key %d (score %.7g) taken", t, best_out,
+                      ref[best_out], worst_in, ref[worst_in]);
         fail(&c, buf);
-        break;
-      }
-    }
-    ++c.rows;
-  }
-  return c;
-}
-
-CheckResult check_topk(const BatchSpec& s, RunBuffers& b, int n) {
-  CheckResult c;
-  const int K = s.geo.topk, W = s.logits_width;
-  const int32_t* got = b.topk_idx->host_as<int32_t>();
-  // Every row: min(L, K) valid entries, then -1.
-  for (int r = 0; r < s.num_sparse_rows && c.passed; ++r) {
-    int L = b.row_len->host_as<int32_t>()[r], want = std::min(L, K);
-    for (int j = 0; j < K; ++j) {
-      int v = got[int64_t(r) * K + j];
-      bool ok = j < want ? (v >= 0 && v < L) : v == -1;
-      if (!ok) {
-        fail(&c, "row " + std::to_string(s.num_dense_rows + r) + " entry " + std::to_string(j) + " = " + std::to_string(v));
-        break;
-      }
-    }
-  }
-  for (int t : sparse_sample(s, n)) {
-    int r = t - s.num_dense_rows, L = s.row_pos[t] + 1;
-    const float* lg = b.logits->host_as<float>() + int64_t(r) * W;
-    std::vector<int> order(L);
-    for (int j = 0; j < L; ++j) order[j] = j;
-    // The k largest; ties at the k-th value go to the lower index; NaN below everything.
-    auto better = [&](int a, int bb) {
-      float x = lg[a], y = lg[bb];
-      if (std::isnan(x) != std::isnan(y)) return std::isnan(y);
-      if (!std::isnan(x) && x != y) return x > y;
-      return a < bb;
-    };
-    if (L > K) std::nth_element(order.begin(), order.begin() + K, order.end(), better);
-    std::vector<int> want(order.begin(), order.begin() + std::min(L, K));
-    std::sort(want.begin(), want.end());
-    std::vector<int> have;
-    for (int j = 0; j < K; ++j)
-      if (got[int64_t(r) * K + j] >= 0) have.push_back(got[int64_t(r) * K + j]);
-    std::sort(have.begin(), have.end());
-    if (have != want) {
-      size_t i = 0;
-      while (i < have.size() && i < want.size() && have[i] == want[i]) ++i;
-      fail(&c, "row " + std::to_string(t) + ": selected set differs from the reference (first at sorted entry " +
-                   std::to_string(i) + ")");
-    }
-    ++c.rows;
-  }
-  return c;
-}
-
-CheckResult check_map(const BatchSpec& s, RunBuffers& b, int n) {
-  CheckResult c;
-  const int K = s.geo.topk;
-  for (int t : sparse_sample(s, n)) {
-    int r = t - s.num_dense_rows, seq = s.row_seq[t];
-    for (int j = 0; j < K; ++j) {
-      int idx = b.topk_idx->host_as<int32_t>()[int64_t(r) * K + j];
-      int64_t want = idx < 0 || idx / s.page_size >= s.max_blocks ? -1 : slot_of(s, b, seq, idx);
-      int got = b.mapped->host_as<int32_t>()[int64_t(r) * K + j];
-      if (got != want) {
-        fail(&c, "row " + std::to_string(t) + " entry " + std::to_string(j) + ": " + std::to_string(got) +
-                     ", expected " + std::to_string(want));
-        break;
       }
     }
     ++c.rows;
@@ -427,18 +404,22 @@ void check_rows_written(const BatchSpec& s, RunBuffers& b, int lo, int hi, Check
   }
 }
 
+// Sparse rows: attention over the cache tokens the step selected (positions through the block
+// table); every sparse row written.
 CheckResult check_sparse(const BatchSpec& s, RunBuffers& b, int n) {
   CheckResult c;
   check_rows_written(s, b, s.num_dense_rows, s.num_tokens, &c);
   const int K = s.geo.topk;
-  const int64_t num_slots = int64_t(s.num_blocks) * s.page_size;
   for (int t : sparse_sample(s, n)) {
     if (!c.passed) break;
-    int r = t - s.num_dense_rows;
     std::vector<int64_t> slots;
     for (int j = 0; j < K; ++j) {
-      int v = b.mapped->host_as<int32_t>()[int64_t(r) * K + j];
-      if (v >= 0 && v < num_slots) slots.push_back(v);
+      const int v = b.indices->host_as<int32_t>()[int64_t(t) * K + j];
+      if (v > s.row_pos[t]) {
+        fail(&c, "row " + std::to_string(t) + " entry " + std::to_string(j) + ": key " + std::to_string(v) + " past the row");
+        return c;
+      }
+      if (v >= 0) slots.push_back(slot_of(s, b, s.row_seq[t], v));
     }
     check_attention_row(s, b, t, slots, &c);
     ++c.rows;
@@ -459,22 +440,46 @@ CheckResult check_dense(const BatchSpec& s, RunBuffers& b, int n) {
   return c;
 }
 
+// The step report against the batch and the plan: SPEC §6 routes (kv_len <= topk dense, the
+// rest scored), every row counted once, the arena's high-water mark within the plan.
+CheckResult check_report(const BatchSpec& s, const dsa::Plan& plan, const dsa::StepReport& r) {
+  CheckResult c;
+  const int dense = static_cast<int>(dsa::Route::kDense), scored = static_cast<int>(dsa::Route::kSparseScored);
+  const int64_t B = static_cast<int64_t>(s.seqs.size());
+  if (r.seqs[dense] != s.num_dense_seqs || r.rows[dense] != s.num_dense_rows)
+    fail(&c, "dense route: " + std::to_string(r.seqs[dense]) + " seqs / " + std::to_string(r.rows[dense]) +
+                 " rows, expected " + std::to_string(s.num_dense_seqs) + " / " + std::to_string(s.num_dense_rows));
+  if (r.seqs[scored] != B - s.num_dense_seqs || r.rows[scored] != s.num_sparse_rows)
+    fail(&c, "sparse route: " + std::to_string(r.seqs[scored]) + " seqs / " + std::to_string(r.rows[scored]) +
+                 " rows, expected " + std::to_string(B - s.num_dense_seqs) + " / " + std::to_string(s.num_sparse_rows));
+  if (r.seqs[static_cast<int>(dsa::Route::kSparseShared)] != 0) fail(&c, "a full layer routed a sequence to shared");
+  if (r.workspace_high_water_bytes > plan.workspace_bytes)
+    fail(&c, "workspace high-water " + std::to_string(r.workspace_high_water_bytes) + " B exceeds the plan's " +
+                 std::to_string(plan.workspace_bytes) + " B");
+  if (r.score_high_water_bytes > plan.score_region_bytes || plan.score_region_bytes > plan.score_budget_bytes)
+    fail(&c, "score high-water " + std::to_string(r.score_high_water_bytes) + " B, region " +
+                 std::to_string(plan.score_region_bytes) + " B, budget " + std::to_string(plan.score_budget_bytes) + " B");
+  c.rows = s.num_tokens;
+  return c;
+}
+
 }  // namespace
 
-CheckResult check_stage(const std::string& stage, const BatchSpec& s, RunBuffers& b, int samples) {
-  CheckResult c;
-  if (stage == "prepare_indexer_k") c = check_prepare_k(s, b, samples);
-  else if (stage == "prepare_indexer_q") c = check_prepare_q(s, b, samples);
-  else if (stage == "write_indexer_cache") c = check_write_indexer(s, b, samples);
-  else if (stage == "write_mla_cache") c = check_write_mla(s, b, samples);
-  else if (stage == "indexer_logits") c = check_logits(s, b, samples);
-  else if (stage == "topk") c = check_topk(s, b, samples);
-  else if (stage == "map_indices") c = check_map(s, b, samples);
-  else if (stage == "sparse_mla") c = check_sparse(s, b, samples);
-  else if (stage == "dense_mla") c = check_dense(s, b, samples);
-  else fail(&c, "no reference for stage " + stage);
-  c.stage = stage;
-  return c;
+std::vector<CheckResult> check_step(const BatchSpec& s, RunBuffers& b, const dsa::Plan& plan,
+                                    const dsa::StepReport& report, int samples) {
+  std::vector<CheckResult> all;
+  auto add = [&](const char* name, CheckResult c) {
+    c.stage = name;
+    all.push_back(std::move(c));
+  };
+  add("routes_and_workspace", check_report(s, plan, report));
+  add("indexer_cache", check_indexer_cache(s, b));
+  add("mla_cache", check_mla_cache(s, b));
+  add("prepared_queries", check_prepare_q(s, b, samples));
+  add("selection", check_selection(s, b, samples));
+  add("sparse_attention", check_sparse(s, b, samples));
+  add("dense_attention", check_dense(s, b, samples));
+  return all;
 }
 
 }  // namespace dsa_cli

@@ -1,7 +1,7 @@
-// The float64 reference of `dsa run`: for sampled rows of every stage, recompute the stage
-// from its inputs with plain double code and compare with what the backend produced. Each
-// stage is checked against the backend's own inputs to that stage (the previous stage's
-// outputs, themselves checked), so a failure points at one stage.
+// The float64 reference of `dsa run`: after the layer step, both caches, the selection and the
+// attention outputs of sampled rows are recomputed with plain double code and compared with
+// what the backend produced, each against checked inputs (the selection scores the cache bytes,
+// themselves checked), so a failure points at one part of the step.
 #pragma once
 #include <string>
 #include <vector>
@@ -12,13 +12,15 @@ namespace dsa_cli {
 
 struct CheckResult {
   std::string stage;
-  int rows = 0;          // sampled rows (tokens) compared against the reference
+  int rows = 0;          // rows (tokens) compared against the reference
   bool passed = true;
   double worst = 0.0;    // largest |error| / tolerance seen (<= 1 passes)
   std::string detail;    // the first mismatch, if any
 };
 
-// Checks `stage` (a name from step_stages()) after download_all(). `samples` rows per stage.
-CheckResult check_stage(const std::string& stage, const BatchSpec& s, RunBuffers& b, int samples);
+// Every check of one step, after download_all() (and prepare_reference_queries()). `samples`
+// rows per sampled check.
+std::vector<CheckResult> check_step(const BatchSpec& s, RunBuffers& b, const dsa::Plan& plan,
+                                    const dsa::StepReport& report, int samples);
 
 }  // namespace dsa_cli

@@ -1,0 +1,130 @@
+"""The planner and the layer step (SPEC 6): dsa.Planner / dsa.plan and dsa.Attention."""
+from . import _dsa
+from ._frameworks import Context, dtype_name
+from ._ops import _shape
+
+
+def _bytes(name, v):
+    if isinstance(v, str):
+        try:
+            return _dsa.parse_byte_size(v)
+        except ValueError as e:
+            raise ValueError("plan: %s: %s" % (name, e)) from None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError("plan: %s: expected a byte count (int >= 0 or a string like '512MiB'), got %r" % (name, v))
+    return v
+
+
+class Plan:
+    """A plan (dsa/planner.h): the workspace a step within the declared limits needs, and the KV
+    cache pages that fit after it. Attributes mirror the C++ Plan (workspace_bytes, score_region_bytes,
+    min_score_budget_bytes, kv_pages, buffers, ...); as_dict() gives all of them."""
+
+    def __init__(self, impl):
+        self._impl = impl
+        self._dict = impl.as_dict()
+
+    def as_dict(self):
+        return dict(self._dict)
+
+    def __getattr__(self, name):
+        d = self.__dict__.get("_dict")
+        if d is not None and name in d:
+            return d[name]
+        raise AttributeError("Plan has no attribute %r" % name)
+
+    def rows_per_chunk(self, context_len):
+        """Rows of one scoring chunk when every row sees context_len keys (0: rows are tiled)."""
+        return self._impl.rows_per_chunk(int(context_len))
+
+    def tile_width_for(self, context_len):
+        return self._impl.tile_width_for(int(context_len))
+
+    def __repr__(self):
+        return "dsa.Plan(workspace=%s, score_region=%s, kv_pages=%d)" % (
+            _dsa.format_byte_size(self.workspace_bytes), _dsa.format_byte_size(self.score_region_bytes), self.kv_pages)
+
+
+class Planner:
+    """Declared limits of a deployment; plan() fixes the workspace before the KV cache is sized.
+
+    geometry: a preset name ('deepseek-v3.2', 'glm-5', 'glm-5.2') or a dict like
+    dsa.geometry_preset() returns. Byte sizes take ints or strings ('512MiB', '141GiB').
+    device: 'cpu', 'cuda' or 'cuda:N'. plan() raises ValueError for limits the score budget cannot
+    serve, naming the smallest budget that works.
+    """
+
+    def __init__(self, geometry="deepseek-v3.2", *, cache_dtype="bf16", page_size=64, max_tokens_per_step=8192,
+                 max_seqs_per_step=256, max_context=0, max_next_n=1, score_budget_bytes=512 << 20,
+                 device_memory_bytes=0, kv_cache_fraction=0.9, device="cpu"):
+        self.geometry = geometry
+        self.config = dict(cache_dtype=cache_dtype, page_size=int(page_size),
+                           max_tokens_per_step=int(max_tokens_per_step), max_seqs_per_step=int(max_seqs_per_step),
+                           max_context=int(max_context), max_next_n=int(max_next_n),
+                           score_budget_bytes=_bytes("score_budget_bytes", score_budget_bytes),
+                           device_memory_bytes=_bytes("device_memory_bytes", device_memory_bytes),
+                           kv_cache_fraction=float(kv_cache_fraction), device=str(device))
+
+    def plan(self):
+        return Plan(_dsa.make_plan(self.geometry, dict(self.config)))
+
+
+def plan(geometry="deepseek-v3.2", **limits):
+    """Planner(geometry, **limits).plan()."""
+    return Planner(geometry, **limits).plan()
+
+
+class Attention:
+    """One DSA layer step at a time over a plan (dsa/layer.h). The workspace (plan.workspace_bytes)
+    is allocated on the first step in the framework and device of q and reused; pass workspace= to
+    own it (and before CUDA-graph capture, run one step or pass it, so capture allocates nothing
+    of dsa's)."""
+
+    def __init__(self, plan):
+        if not isinstance(plan, Plan):
+            raise TypeError("Attention: plan: expected a dsa.Plan, got %s" % type(plan).__name__)
+        self.plan = plan
+        self._impl = _dsa.Attention(plan._impl)
+        self._workspace = {}
+
+    def step(self, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, *, role="full", index_q=None,
+             index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
+             attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
+             lse=None, workspace=None, stream=None):
+        """One step of the layer (SPEC 6): writes the new tokens into mla_cache (and index_cache),
+        routes each sequence (dense when kv_len <= topk and nothing consumes its indices, else
+        scored sparse; 'shared' layers reuse indices_in), and attends.
+
+        q [T, H, 576] bf16 (f32 on the CPU); kv_c [T, 512], k_pe [T, 64]; q_lens, kv_lens [B] i32 in
+        host memory; block_table [B, max_blocks] i32 (pages of both caches); caches as
+        write_mla_cache / write_indexer_cache take them, with the plan's page size and MLA layout.
+        full / mtp layers need index_q [T, H_idx, 128], index_k [T, 128], index_w [T, H_idx],
+        cos_sin [max_positions, 64] and index_cache. indices_out ([T, topk] i32) receives this
+        layer's request-local selection.
+
+        Returns (out [T, H, 512], lse [T, H] f32, report): report is a dict (sequences and rows per
+        route, chunks, tiles, workspace and score-region high-water marks, per-stage ms).
+        """
+        op = "step"
+        T, H, _ = _shape(op, "q", q, 3, "[T, H, 576]")
+        ctx = Context(op, q, "q", stream)
+        if out is None:
+            out = ctx.empty((T, H, 512), "f32" if dtype_name(q) == "float32" else "bf16", rep=q)
+        if lse is None:
+            lse = ctx.empty((T, H), "f32")
+        if workspace is None and self.plan.workspace_bytes > 0:
+            key = (ctx.fw, ctx.cuda, ctx.index)
+            workspace = self._workspace.get(key)
+            if workspace is None:
+                workspace = ctx.empty((self.plan.workspace_bytes,), "u8")
+                self._workspace[key] = workspace
+        p = ctx.prep
+        args = dict(role=role, q_lens=p(q_lens), kv_lens=p(kv_lens), block_table=p(block_table),
+                    positions=p(positions), kv_c=p(kv_c), k_pe=p(k_pe), q=p(q), index_q=p(index_q),
+                    index_k=p(index_k), index_w=p(index_w), cos_sin=p(cos_sin), hadamard=bool(hadamard),
+                    attn_sink=p(attn_sink), sm_scale=float(sm_scale), mla_cache=p(mla_cache),
+                    index_cache=p(index_cache), indices_in=p(indices_in), indices_out=p(indices_out),
+                    force_score=bool(force_score), out=p(out), lse=p(lse), workspace=p(workspace))
+        with ctx.device_guard():
+            report = self._impl.step(args, ctx.stream)
+        return out, lse, report

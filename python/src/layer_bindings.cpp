@@ -1,0 +1,280 @@
+// Bindings of the planner and the layer step (dsa/planner.h, dsa/layer.h). Built only when the
+// tree has them (python/CMakeLists.txt).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "dsa/dsa.h"
+#include "dsa/layer.h"
+#include "dsa/planner.h"
+#include "tensor_import.h"
+
+namespace py = pybind11;
+using dsa_py::Importer;
+using dsa_py::Reinterpret;
+
+namespace {
+
+void check(const dsa::Status& s) {
+  if (s.ok()) return;
+  switch (s.code()) {
+    case dsa::StatusCode::kInvalidArgument:
+      if (s.message().find(": expected dtype ") != std::string::npos) throw py::type_error(s.message());
+      throw py::value_error(s.message());
+    case dsa::StatusCode::kLimitExceeded:
+    case dsa::StatusCode::kWorkspaceTooSmall: throw py::value_error(s.to_string());
+    case dsa::StatusCode::kUnsupported:
+      PyErr_SetString(PyExc_NotImplementedError, s.to_string().c_str());
+      throw py::error_already_set();
+    default: throw std::runtime_error(s.to_string());
+  }
+}
+
+template <typename T>
+T get(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+}
+
+dsa::ModelGeometry geometry_from(const py::object& g) {
+  dsa::ModelGeometry m;
+  if (py::isinstance<py::str>(g)) {
+    const dsa::Status s = dsa::geometry_preset(g.cast<std::string>(), &m);
+    if (!s.ok()) throw py::value_error("plan: geometry: " + s.message());
+    return m;
+  }
+  if (!py::isinstance<py::dict>(g)) throw py::type_error("plan: geometry: expected a preset name or a dict");
+  const py::dict d = g.cast<py::dict>();
+  if (d.contains("name")) {
+    const std::string name = d["name"].cast<std::string>();
+    if (!dsa::geometry_preset(name, &m).ok()) m.name = name;  // a custom geometry: fields below
+  }
+  m.num_heads = get<int>(d, "num_heads", m.num_heads);
+  m.kv_lora_rank = get<int>(d, "kv_lora_rank", m.kv_lora_rank);
+  m.qk_rope_head_dim = get<int>(d, "qk_rope_head_dim", m.qk_rope_head_dim);
+  m.qk_nope_head_dim = get<int>(d, "qk_nope_head_dim", m.qk_nope_head_dim);
+  m.v_head_dim = get<int>(d, "v_head_dim", m.v_head_dim);
+  m.q_lora_rank = get<int>(d, "q_lora_rank", m.q_lora_rank);
+  m.index_heads = get<int>(d, "index_heads", m.index_heads);
+  m.index_head_dim = get<int>(d, "index_head_dim", m.index_head_dim);
+  m.topk = get<int>(d, "topk", m.topk);
+  if (d.contains("index_rope")) {
+    const std::string r = d["index_rope"].cast<std::string>();
+    if (r != "half_split" && r != "interleaved") {
+      throw py::value_error("plan: geometry: index_rope: expected 'half_split' or 'interleaved', got '" + r + "'");
+    }
+    m.index_rope = r == "interleaved" ? dsa::RopeStyle::kInterleaved : dsa::RopeStyle::kHalfSplit;
+  }
+  m.num_layers = get<int>(d, "num_layers", m.num_layers);
+  m.num_mtp_layers = get<int>(d, "num_mtp_layers", m.num_mtp_layers);
+  m.shared_indexer_pattern = get<bool>(d, "shared_indexer_pattern", m.shared_indexer_pattern);
+  m.max_positions = get<int64_t>(d, "max_positions", m.max_positions);
+  m.sm_scale = get<double>(d, "sm_scale", m.sm_scale);
+  return m;
+}
+
+dsa::Device device_from(const std::string& s) {
+  if (s == "cpu") return dsa::cpu_device();
+  if (s == "cuda") return dsa::cuda_device(0);
+  if (s.rfind("cuda:", 0) == 0) {
+    try {
+      return dsa::cuda_device(std::stoi(s.substr(5)));
+    } catch (const std::exception&) {
+    }
+  }
+  throw py::value_error("plan: device: expected 'cpu', 'cuda' or 'cuda:N', got '" + s + "'");
+}
+
+py::list buffers(const std::vector<dsa::PlanBuffer>& bs) {
+  py::list l;
+  for (const auto& b : bs) {
+    py::dict e;
+    e["name"] = b.name;
+    e["bytes"] = b.bytes;
+    e["what"] = b.what;
+    l.append(e);
+  }
+  return l;
+}
+
+py::dict plan_dict(const dsa::Plan& p) {
+  py::dict d;
+  const dsa::PlannerConfig& c = p.config;
+  py::dict cfg;
+  cfg["geometry"] = c.geometry.name;
+  cfg["cache_dtype"] = c.cache_dtype == dsa::MlaCacheDtype::kFP8 ? "fp8" : "bf16";
+  cfg["page_size"] = c.page_size;
+  cfg["max_tokens_per_step"] = c.max_tokens_per_step;
+  cfg["max_seqs_per_step"] = c.max_seqs_per_step;
+  cfg["max_context"] = c.max_context;
+  cfg["max_next_n"] = c.max_next_n;
+  cfg["score_budget_bytes"] = c.score_budget_bytes;
+  cfg["device_memory_bytes"] = c.device_memory_bytes;
+  cfg["kv_cache_fraction"] = c.kv_cache_fraction;
+  cfg["device"] = c.device.type == dsa::DeviceType::kCUDA ? "cuda:" + std::to_string(c.device.index) : "cpu";
+  d["config"] = cfg;
+#define DSA_PY_FIELD(f) d[#f] = p.f
+  DSA_PY_FIELD(max_rows);
+  DSA_PY_FIELD(workspace_bytes);
+  DSA_PY_FIELD(host_bytes);
+  DSA_PY_FIELD(score_budget_bytes);
+  DSA_PY_FIELD(score_region_bytes);
+  DSA_PY_FIELD(min_score_budget_bytes);
+  DSA_PY_FIELD(attention_scratch_bytes);
+  DSA_PY_FIELD(tile_width);
+  DSA_PY_FIELD(max_tiles);
+  DSA_PY_FIELD(mla_layers);
+  DSA_PY_FIELD(indexer_layers);
+  DSA_PY_FIELD(mla_page_bytes);
+  DSA_PY_FIELD(indexer_page_bytes);
+  DSA_PY_FIELD(kv_budget_bytes);
+  DSA_PY_FIELD(kv_pages);
+  DSA_PY_FIELD(kv_tokens);
+  DSA_PY_FIELD(mla_cache_bytes);
+  DSA_PY_FIELD(indexer_cache_bytes);
+#undef DSA_PY_FIELD
+  d["buffers"] = buffers(p.buffers);
+  d["score_buffers"] = buffers(p.score_buffers);
+  return d;
+}
+
+py::dict report_dict(const dsa::StepReport& r) {
+  py::dict d;
+  static const char* kRoutes[3] = {"dense", "sparse", "shared"};
+  py::dict seqs, rows;
+  for (int i = 0; i < 3; ++i) {
+    seqs[kRoutes[i]] = r.seqs[i];
+    rows[kRoutes[i]] = r.rows[i];
+  }
+  d["seqs"] = seqs;
+  d["rows"] = rows;
+#define DSA_PY_FIELD(f) d[#f] = r.f
+  DSA_PY_FIELD(score_chunks);
+  DSA_PY_FIELD(tiled_rows);
+  DSA_PY_FIELD(score_tiles);
+  DSA_PY_FIELD(workspace_high_water_bytes);
+  DSA_PY_FIELD(score_high_water_bytes);
+  DSA_PY_FIELD(workspace_plan_bytes);
+  DSA_PY_FIELD(score_budget_bytes);
+  DSA_PY_FIELD(ms_cache);
+  DSA_PY_FIELD(ms_prepare);
+  DSA_PY_FIELD(ms_score);
+  DSA_PY_FIELD(ms_select);
+  DSA_PY_FIELD(ms_map);
+  DSA_PY_FIELD(ms_sparse);
+  DSA_PY_FIELD(ms_dense);
+  DSA_PY_FIELD(ms_total);
+#undef DSA_PY_FIELD
+  return d;
+}
+
+// Attention is not re-entrant (its host staging is shared by steps); the GIL is released during
+// a step, so a mutex keeps two Python threads from stepping one object at once.
+struct PyAttention {
+  explicit PyAttention(const dsa::Plan& plan) : attn(plan) {}
+  dsa::Attention attn;
+  std::mutex mu;
+};
+
+py::object item(const py::dict& d, const char* key) {
+  return d.contains(key) ? py::reinterpret_borrow<py::object>(d[key]) : py::none();
+}
+
+}  // namespace
+
+void bind_layer(py::module_& m) {
+  py::class_<dsa::Plan>(m, "Plan")
+      .def_property_readonly("workspace_bytes", [](const dsa::Plan& p) { return p.workspace_bytes; })
+      .def_property_readonly("page_size", [](const dsa::Plan& p) { return p.config.page_size; })
+      .def_property_readonly("device", [](const dsa::Plan& p) {
+        return p.config.device.type == dsa::DeviceType::kCUDA ? "cuda:" + std::to_string(p.config.device.index)
+                                                              : std::string("cpu");
+      })
+      .def("as_dict", &plan_dict)
+      .def("rows_per_chunk", &dsa::Plan::rows_per_chunk, py::arg("context_len"))
+      .def("tile_width_for", &dsa::Plan::tile_width_for, py::arg("context_len"));
+
+  m.def("make_plan", [](py::object geometry, py::dict c) {
+    dsa::PlannerConfig cfg;
+    cfg.geometry = geometry_from(geometry);
+    const std::string cd = get<std::string>(c, "cache_dtype", "bf16");
+    if (cd != "bf16" && cd != "fp8") throw py::value_error("plan: cache_dtype: expected 'bf16' or 'fp8', got '" + cd + "'");
+    cfg.cache_dtype = cd == "fp8" ? dsa::MlaCacheDtype::kFP8 : dsa::MlaCacheDtype::kBF16;
+    cfg.page_size = get<int64_t>(c, "page_size", cfg.page_size);
+    cfg.max_tokens_per_step = get<int64_t>(c, "max_tokens_per_step", cfg.max_tokens_per_step);
+    cfg.max_seqs_per_step = get<int64_t>(c, "max_seqs_per_step", cfg.max_seqs_per_step);
+    cfg.max_context = get<int64_t>(c, "max_context", cfg.max_context);
+    cfg.max_next_n = get<int64_t>(c, "max_next_n", cfg.max_next_n);
+    cfg.score_budget_bytes = get<int64_t>(c, "score_budget_bytes", cfg.score_budget_bytes);
+    cfg.device_memory_bytes = get<int64_t>(c, "device_memory_bytes", cfg.device_memory_bytes);
+    cfg.kv_cache_fraction = get<double>(c, "kv_cache_fraction", cfg.kv_cache_fraction);
+    cfg.device = device_from(get<std::string>(c, "device", "cpu"));
+    dsa::Plan plan;
+    check(dsa::make_plan(cfg, &plan));
+    return plan;
+  });
+
+  m.def("parse_byte_size", [](const std::string& text) {
+    int64_t bytes = 0;
+    const dsa::Status s = dsa::parse_byte_size(text, &bytes);
+    if (!s.ok()) throw py::value_error(s.message());
+    return bytes;
+  });
+  m.def("format_byte_size", &dsa::format_byte_size);
+
+  py::class_<PyAttention>(m, "Attention")
+      .def(py::init<const dsa::Plan&>(), py::arg("plan"))
+      .def("step", [](PyAttention& self, py::dict a, uintptr_t stream) {
+        Importer im("step", stream);
+        dsa::StepParams p;
+        const std::string role = get<std::string>(a, "role", "full");
+        if (role == "full") p.role = dsa::IndexerRole::kFull;
+        else if (role == "shared") p.role = dsa::IndexerRole::kShared;
+        else if (role == "mtp") p.role = dsa::IndexerRole::kMtp;
+        else throw py::value_error("step: role: expected 'full', 'shared' or 'mtp', got '" + role + "'");
+        p.q_lens = im.tensor(item(a, "q_lens"), "q_lens");
+        p.kv_lens = im.tensor(item(a, "kv_lens"), "kv_lens");
+        p.block_table = im.tensor(item(a, "block_table"), "block_table");
+        p.positions = im.tensor(item(a, "positions"), "positions");
+        p.kv_c = im.tensor(item(a, "kv_c"), "kv_c", Reinterpret::kBF16);
+        p.k_pe = im.tensor(item(a, "k_pe"), "k_pe", Reinterpret::kBF16);
+        p.q = im.tensor(item(a, "q"), "q", Reinterpret::kBF16);
+        p.index_q = im.tensor(item(a, "index_q"), "index_q", Reinterpret::kBF16);
+        p.index_k = im.tensor(item(a, "index_k"), "index_k", Reinterpret::kBF16);
+        p.index_w = im.tensor(item(a, "index_w"), "index_w", Reinterpret::kBF16);
+        p.cos_sin = im.tensor(item(a, "cos_sin"), "cos_sin");
+        p.hadamard = get<bool>(a, "hadamard", false);
+        p.attn_sink = im.tensor(item(a, "attn_sink"), "attn_sink");
+        p.sm_scale = get<float>(a, "sm_scale", 0.0f);
+        const int cache_dtype = self.attn.plan().config.cache_dtype == dsa::MlaCacheDtype::kFP8 ? 1 : 0;
+        const int64_t page = self.attn.plan().config.page_size;
+        p.mla_cache = im.mla_cache(item(a, "mla_cache"), "mla_cache", cache_dtype, page, true);
+        if (!item(a, "index_cache").is_none()) {
+          p.index_cache = im.indexer_cache(item(a, "index_cache"), "index_cache", page, true);
+        }
+        p.indices_in = im.tensor(item(a, "indices_in"), "indices_in");
+        p.indices_out = im.tensor(item(a, "indices_out"), "indices_out", Reinterpret::kNone, true);
+        p.force_score = get<bool>(a, "force_score", false);
+        p.out = im.tensor(item(a, "out"), "out", Reinterpret::kBF16, true);
+        p.lse = im.tensor(item(a, "lse"), "lse", Reinterpret::kNone, true);
+        if (!item(a, "workspace").is_none()) {
+          const dsa_py::Imported ws = im.raw(item(a, "workspace"), "workspace", true);
+          int64_t n = ws.itemsize;
+          for (int i = 0; i < ws.ndim; ++i) n *= ws.shape[i];
+          p.workspace = ws.data;
+          p.workspace_bytes = static_cast<size_t>(n);
+        }
+        p.stream = reinterpret_cast<void*>(stream);
+        dsa::StepReport report;
+        dsa::Status s;
+        {
+          py::gil_scoped_release release;
+          std::lock_guard<std::mutex> lock(self.mu);
+          s = self.attn.step(p, &report);
+        }
+        check(s);
+        return report_dict(report);
+      }, py::arg("args"), py::arg("stream") = 0);
+}

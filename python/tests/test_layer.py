@@ -1,0 +1,104 @@
+"""dsa.plan / dsa.Planner / dsa.Attention (the planner issue's layer step), where built in."""
+import numpy as np
+import pytest
+
+import dsa
+from helpers import cos_sin_table, rng
+
+if not hasattr(dsa, "plan"):
+    pytest.skip("this build has no planner (dsa/planner.h, dsa/layer.h)", allow_module_level=True)
+
+GEOM = dict(name="deepseek-v3.2", num_heads=2, index_heads=2, topk=64)
+
+
+def test_plan_reports_and_refuses():
+    p = dsa.plan("deepseek-v3.2", max_tokens_per_step=512, max_context=4096, score_budget_bytes="64MiB")
+    d = p.as_dict()
+    assert p.workspace_bytes == d["workspace_bytes"] > 0
+    assert d["score_region_bytes"] <= d["score_budget_bytes"] == 64 << 20
+    assert sum(b["bytes"] for b in d["buffers"]) == d["workspace_bytes"]
+    assert d["config"]["geometry"] == "deepseek-v3.2"
+    q = dsa.Planner("glm-5", cache_dtype="fp8", device_memory_bytes="8GiB", max_context=8192).plan()
+    assert q.kv_pages > 0 and q.config["cache_dtype"] == "fp8"
+    with pytest.raises(ValueError, match="plan: cache_dtype"):
+        dsa.plan(cache_dtype="e4m3")
+    with pytest.raises(ValueError, match="plan: device"):
+        dsa.plan(device="tpu")
+    with pytest.raises(ValueError, match="plan: score_budget_bytes"):
+        dsa.plan(score_budget_bytes="lots")
+    with pytest.raises(ValueError):
+        dsa.plan(score_budget_bytes=1)  # cannot serve the limits: names the smallest budget
+
+
+def _step_case(seed=60):
+    r = rng(seed)
+    page = 16
+    q_lens = np.array([3, 2], np.int32)
+    kv_lens = np.array([10, 100], np.int32)  # seq 0: kv_len <= topk (dense); seq 1: sparse
+    block_table = np.array([[6, -1, -1, -1, -1, -1, -1], [0, 1, 2, 3, 4, 5, 7]], np.int32)
+    mla = np.zeros((8, page, 1152), np.uint8)
+    idx_cache = np.zeros((8, page, 132), np.uint8)
+    cos_sin = cos_sin_table(128)
+    # The cached prefix of every sequence, written with the standalone ops.
+    for b in range(2):
+        n = int(kv_lens[b] - q_lens[b])
+        pos = np.arange(n, dtype=np.int32)
+        slots = np.array([block_table[b, j // page] * page + j % page for j in pos], np.int64)
+        dsa.write_mla_cache(r.standard_normal((n, 512)).astype(np.float32),
+                            r.standard_normal((n, 64)).astype(np.float32), mla, slots)
+        k8, ks = dsa.prepare_indexer_k(r.standard_normal((n, 128)).astype(np.float32), pos, cos_sin)
+        dsa.write_indexer_cache(k8, ks, idx_cache, slots)
+    T = int(q_lens.sum())
+    new = dict(q=r.standard_normal((T, 2, 576)).astype(np.float32),
+               kv_c=r.standard_normal((T, 512)).astype(np.float32),
+               k_pe=r.standard_normal((T, 64)).astype(np.float32),
+               index_q=r.standard_normal((T, 2, 128)).astype(np.float32),
+               index_k=r.standard_normal((T, 128)).astype(np.float32),
+               index_w=r.standard_normal((T, 2)).astype(np.float32))
+    return q_lens, kv_lens, block_table, mla, idx_cache, cos_sin, new
+
+
+def test_attention_step_matches_the_standalone_ops():
+    q_lens, kv_lens, table, mla, idx_cache, cos_sin, new = _step_case()
+    plan = dsa.plan(GEOM, page_size=16, max_tokens_per_step=64, max_seqs_per_step=4, max_context=112)
+    attn = dsa.Attention(plan)
+    T = new["q"].shape[0]
+    indices_out = np.full((T, 64), -7, np.int32)
+    out, lse, report = attn.step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, mla,
+                                 index_q=new["index_q"], index_k=new["index_k"], index_w=new["index_w"],
+                                 cos_sin=cos_sin, index_cache=idx_cache, sm_scale=0.1, indices_out=indices_out)
+    assert report["seqs"] == {"dense": 1, "sparse": 1, "shared": 0}
+    assert report["rows"] == {"dense": 3, "sparse": 2, "shared": 0}
+    assert report["score_high_water_bytes"] <= report["score_budget_bytes"]
+    # Dense rows: dense MLA over the cache (which now holds the new tokens too).
+    d_out, d_lse = dsa.dense_mla(new["q"][:3], mla, np.array([0, 3], np.int32), None, 0.1,
+                                 block_table=table[:1], kv_lens=kv_lens[:1])
+    np.testing.assert_allclose(out[:3], d_out, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(lse[:3], d_lse, rtol=1e-6, atol=1e-6)
+    for i in range(3):
+        L = 10 - 3 + i + 1
+        np.testing.assert_array_equal(indices_out[i], np.r_[np.arange(L), np.full(64 - L, -1)])
+    # Sparse rows: prepare -> paged logits -> top-k -> map -> sparse MLA.
+    pos = np.array([98, 99], np.int32)
+    q8, w = dsa.prepare_indexer_q(new["index_q"][3:], new["index_w"][3:], pos, cos_sin)
+    row_len = np.array([99, 100], np.int32)
+    row_seq = np.array([1, 1], np.int32)
+    logits = dsa.indexer_logits_paged(q8, w, idx_cache, table, None, width=100, row_seq=row_seq, row_len=row_len)
+    local = dsa.topk(logits, row_len, 64)
+    np.testing.assert_array_equal(indices_out[3:], local)
+    s_out, s_lse = dsa.sparse_mla(new["q"][3:], mla, local, 0.1, block_table=table, row_seq=row_seq)
+    np.testing.assert_allclose(out[3:], s_out, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(lse[3:], s_lse, rtol=1e-6, atol=1e-6)
+
+
+def test_attention_step_errors_name_arguments():
+    q_lens, kv_lens, table, mla, idx_cache, cos_sin, new = _step_case(seed=61)
+    attn = dsa.Attention(dsa.plan(GEOM, page_size=16, max_tokens_per_step=64, max_seqs_per_step=4, max_context=112))
+    with pytest.raises(ValueError, match="step: role"):
+        attn.step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, mla, role="half")
+    with pytest.raises(ValueError, match="kv_lens"):
+        attn.step(new["q"], new["kv_c"], new["k_pe"], q_lens, np.array([10, 1000], np.int32), table, mla,
+                  index_q=new["index_q"], index_k=new["index_k"], index_w=new["index_w"], cos_sin=cos_sin,
+                  index_cache=idx_cache)
+    with pytest.raises(TypeError, match="Attention: plan"):
+        dsa.Attention("plan")
