@@ -226,6 +226,62 @@ Out run_gpu(const Batch& b, int64_t budget) {
   return o;
 }
 
+// Float64 attention of one (row, head) over keys given as positions of sequence s, read back
+// from an MLA cache (the CPU and GPU steps write the same bytes). Besides the output it gives,
+// per dim, the magnitude Σ_j w_j |v_j| that bounds the rounding of the probabilities: the CUDA
+// kernels multiply bf16 probabilities into V (FlashMLA-style), an error of up to 2^-9 of that
+// magnitude, not of |out| (outputs that nearly cancel would otherwise look wrong).
+struct RowRef {
+  std::vector<double> out, scale;
+  double lse = 0.0, score_err = 0.0;
+};
+
+RowRef row_reference(const Batch& b, const std::vector<uint8_t>& mla, int64_t s, int64_t row, int64_t h,
+                     const std::vector<int32_t>& positions) {
+  const int64_t n = static_cast<int64_t>(positions.size());
+  std::vector<double> kv(static_cast<size_t>(n * 576)), sc(static_cast<size_t>(n));
+  double m = -INFINITY, mag = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t pos = positions[static_cast<size_t>(j)];
+    const int64_t slot = int64_t{b.block_table[s * b.max_blocks + pos / kPage]} * kPage + pos % kPage;
+    uint16_t tok[576];
+    std::memcpy(tok, mla.data() + slot * kMlaBf16TokenBytes, sizeof(tok));
+    double dot = 0.0, abs_dot = 0.0;
+    for (int64_t d = 0; d < 576; ++d) {
+      const double k = bf16_to_float(tok[d]), q = bf16_to_float(b.q[(row * kH + h) * 576 + d]);
+      kv[static_cast<size_t>(j * 576 + d)] = k;
+      dot += q * k;
+      abs_dot += std::fabs(q * k);
+    }
+    sc[static_cast<size_t>(j)] = tiny().sm_scale * dot;
+    m = std::max(m, sc[static_cast<size_t>(j)]);
+    mag = std::max(mag, tiny().sm_scale * abs_dot);
+  }
+  RowRef r;
+  r.out.assign(512, 0.0);
+  r.scale.assign(512, 0.0);
+  r.score_err = 64 * std::ldexp(1.0, -23) * mag;  // 576-term f32 dot products, with room
+  double l = 0.0;
+  for (double& v : sc) l += (v = std::exp(v - m));
+  r.lse = m + std::log(l);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < 512; ++d) {
+      const double w = sc[static_cast<size_t>(j)] / l, v = kv[static_cast<size_t>(j * 576 + d)];
+      r.out[static_cast<size_t>(d)] += w * v;
+      r.scale[static_cast<size_t>(d)] += w * std::fabs(v);
+    }
+  return r;
+}
+
+// |got - ref| in bf16 steps of max(|ref|, scale), after the share that score rounding explains.
+double out_steps(double got, double ref, double scale, double score_err) {
+  if (std::isnan(got)) return INFINITY;
+  const double mag = std::max(std::fabs(ref), scale);
+  if (mag == 0.0) return got == 0.0 ? 0.0 : INFINITY;
+  const double err = std::max(0.0, std::fabs(got - ref) - 2.0 * score_err * scale);
+  return err / std::ldexp(1.0, std::ilogb(mag) - 7);
+}
+
 }  // namespace
 
 TEST(GpuLayerStep, WithinPlanTiledEqualsWholeAndNearTheCpu) {
@@ -273,9 +329,27 @@ TEST(GpuLayerStep, WithinPlanTiledEqualsWholeAndNearTheCpu) {
         EXPECT_GE(common, kK - 4) << "row " << row;
       }
       if (!same) continue;
-      for (int64_t d = 0; d < kH * 512; ++d) {
-        const float gv = whole.out[row * kH * 512 + d], cv = cpu.out[row * kH * 512 + d];
-        ASSERT_NEAR(gv, cv, 2e-2f * (std::fabs(cv) + 0.05f)) << "row " << row << " elem " << d;
+      // Outputs against a float64 reference over the selected keys (both backends) and against
+      // each other, in bf16 steps of the magnitude Σ w|v| (see row_reference).
+      std::vector<int32_t> keys;
+      for (int64_t x = 0; x < kK; ++x)
+        if (c[x] >= 0) keys.push_back(c[x]);
+      for (int64_t h = 0; h < kH; ++h) {
+        const RowRef r = row_reference(b, cpu.mla, s, row, h, keys);
+        const float gl = whole.lse[row * kH + h];
+        ASSERT_LE(std::fabs(gl - r.lse), r.score_err + 64 * std::ldexp(1.0, -23) * std::fabs(r.lse) + 1e-6)
+            << "row " << row << " head " << h << " lse " << gl << " vs " << r.lse;
+        for (int64_t d = 0; d < 512; ++d) {
+          const size_t e = static_cast<size_t>((row * kH + h) * 512 + d);
+          const double gv = whole.out[e], cv = cpu.out[e], rv = r.out[static_cast<size_t>(d)];
+          const double scale = r.scale[static_cast<size_t>(d)];
+          ASSERT_LE(out_steps(gv, rv, scale, r.score_err), 2.0)
+              << "row " << row << " head " << h << " dim " << d << ": gpu " << gv << " vs reference " << rv;
+          ASSERT_LE(out_steps(cv, rv, scale, r.score_err), 2.0)
+              << "row " << row << " head " << h << " dim " << d << ": cpu " << cv << " vs reference " << rv;
+          ASSERT_LE(out_steps(gv, cv, scale, 2 * r.score_err), 3.0)
+              << "row " << row << " head " << h << " dim " << d << ": gpu " << gv << " vs cpu " << cv;
+        }
       }
     }
   }
