@@ -486,8 +486,11 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     const int64_t nb = run.b1 - run.b0, n = run.r1 - run.r0;
     int32_t* cu_host = dense_cu_h + cu_at;  // a region per dense run
     cu_host[0] = 0;
-    for (int64_t b = run.b0; b < run.b1; ++b)
+    int64_t run_max_kv = 0;
+    for (int64_t b = run.b0; b < run.b1; ++b) {
       cu_host[b - run.b0 + 1] = cu_host[b - run.b0] + p.q_lens.ptr<const int32_t>()[b * p.q_lens.stride[0]];
+      run_max_kv = std::max<int64_t>(run_max_kv, p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]]);
+    }
     int32_t* cu_dev = lay.dense_cu + cu_at;
     cu_at += nb + 1;
     Status s = upload(cu_dev, cu_host, (nb + 1) * 4, dev, p.stream);
@@ -497,6 +500,9 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     dp.kv.paged = p.mla_cache;
     dp.cu_seqlens_q = dev_tensor(cu_dev, DType::kI32, {nb + 1}, dev);
     dp.block_table = rows(p.block_table, run.b0, nb);
+    // Only the pages dense keys can use (kv_len <= topk): the kernels size their key split by
+    // the block table's width, and a batch-wide width would launch empty splits.
+    dp.block_table.shape[1] = std::min<int64_t>(dp.block_table.shape[1], std::max<int64_t>(1, (run_max_kv + cfg.page_size - 1) / cfg.page_size));
     dp.kv_lens = dev_tensor(lay.kv_lens + run.b0, DType::kI32, {nb}, dev);
     dp.attn_sink = p.attn_sink;
     dp.sm_scale = sm_scale;
