@@ -1,25 +1,23 @@
 #include "core/validate.h"
 
-#include <sstream>
 
 #include "dsa/runtime.h"
 
 namespace dsa {
 namespace core {
 
+// Plain string building, no iostreams: the library's messages must not depend on the locale
+// machinery of whatever C++ runtime a host process (a Python interpreter with torch) loaded.
 std::string shape_string(const TensorDesc& t) {
-  std::ostringstream s;
-  s << "[";
-  for (int i = 0; i < t.ndim; ++i) s << (i ? ", " : "") << t.shape[i];
-  s << "]";
-  return s.str();
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + "]";
 }
 
 std::string device_string(Device d) {
-  std::ostringstream s;
-  s << device_type_name(d.type);
-  if (d.type == DeviceType::kCUDA) s << ":" << d.index;
-  return s.str();
+  std::string s = device_type_name(d.type);
+  if (d.type == DeviceType::kCUDA) s += ":" + std::to_string(d.index);
+  return s;
 }
 
 void ArgCheck::fail(StatusCode code, const char* name, const std::string& what) {
@@ -28,18 +26,16 @@ void ArgCheck::fail(StatusCode code, const char* name, const std::string& what) 
 }
 
 static std::string dims_string(std::initializer_list<Dim> dims, bool labels) {
-  std::ostringstream s;
-  s << "[";
+  std::string s = "[";
   bool first = true;
   for (const Dim& d : dims) {
-    s << (first ? "" : ", ");
+    s += first ? "" : ", ";
     first = false;
-    if (labels && d.label) s << d.label;
-    else if (d.value >= 0) s << d.value;
-    else s << "any";
+    if (labels && d.label) s += d.label;
+    else if (d.value >= 0) s += std::to_string(d.value);
+    else s += "any";
   }
-  s << "]";
-  return s.str();
+  return s + "]";
 }
 
 ArgCheck& ArgCheck::tensor(const TensorDesc& t, const char* name,
@@ -52,12 +48,10 @@ ArgCheck& ArgCheck::tensor(const TensorDesc& t, const char* name,
     return *this;
   }
   bool dtype_ok = false;
-  std::string want;
-  for (DType d : dtypes) {
-    dtype_ok |= (d == t.dtype);
-    want += (want.empty() ? "" : " or ") + std::string(dtype_name(d));
-  }
+  for (DType d : dtypes) dtype_ok |= (d == t.dtype);
   if (!dtype_ok) {
+    std::string want;  // built only on failure: a passing check allocates nothing
+    for (DType d : dtypes) want += (want.empty() ? "" : " or ") + std::string(dtype_name(d));
     fail(StatusCode::kInvalidArgument, name,
          "expected dtype " + want + ", got " + dtype_name(t.dtype));
     return *this;
