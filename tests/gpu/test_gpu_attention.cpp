@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dsa/dsa.h"
-#include "gpu/gpu_util_attn.h"
+#include "gpu_util.h"
 #include "test_util.h"
 
 namespace {
@@ -23,7 +23,7 @@ namespace {
 using dsa::DType;
 using dsa::Status;
 using dsa::TensorDesc;
-using dsa_gpu_attn::DevBuf;
+using dsa_gpu_test::DeviceBuffer;
 
 constexpr int64_t D = 576, DV = 512;
 constexpr float kScale = 0.13523f;  // DeepSeek-V3.2's sm_scale
@@ -285,21 +285,20 @@ TensorDesc vec_i32(void* p, int64_t n, dsa::Device dev) { return dsa::make_tenso
 struct Place {
   explicit Place(bool on_gpu) : gpu(on_gpu) {}
   bool gpu;
-  std::vector<std::unique_ptr<DevBuf>> held;
+  std::vector<std::unique_ptr<DeviceBuffer>> held;
   bool ok = true;
   template <typename T>
   void* put(const std::vector<T>& h) {
     if (!gpu) return const_cast<T*>(h.data());
-    held.emplace_back(new DevBuf(h));
-    ok = ok && held.back()->ok();
-    return held.back()->get();
+    held.emplace_back(new DeviceBuffer(h));
+    ok = ok && (h.empty() || held.back()->data() != nullptr);
+    return held.back()->data();
   }
   void* scratch(size_t bytes, int fill) {
     if (bytes == 0) return nullptr;
-    held.emplace_back(new DevBuf(bytes));
-    held.back()->fill(fill);
-    ok = ok && held.back()->ok();
-    return held.back()->get();
+    held.emplace_back(new DeviceBuffer(bytes, fill));
+    ok = ok && held.back()->data() != nullptr;
+    return held.back()->data();
   }
   dsa::Device dev() const { return gpu ? dsa::cuda_device(0) : dsa::cpu_device(); }
 };
@@ -516,7 +515,7 @@ std::vector<float> random_sink(int64_t H, uint64_t seed) {
 
 // ---- sparse -------------------------------------------------------------------------------------
 TEST(GpuSparseMla, FlatBf16MatchesReferenceAndCpu) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   const HostKv kv = make_kv(KvMode::kFlat, 333, 0, 1);
   SparseInputs in;
   in.q = make_q(7, 64, 2);
@@ -532,7 +531,7 @@ TEST(GpuSparseMla, FlatBf16MatchesReferenceAndCpu) {
 }
 
 TEST(GpuSparseMla, PagedBf16NaNPoisonedSlotsNeverReachOutput) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   auto used = [](int64_t s) { return (s * 7) % 5 != 0; };  // every fifth-ish slot is NaN
   const HostKv kv = make_kv(KvMode::kPagedBf16, 12, 64, 4, used);
   SparseInputs in;
@@ -546,7 +545,7 @@ TEST(GpuSparseMla, PagedBf16NaNPoisonedSlotsNeverReachOutput) {
 }
 
 TEST(GpuSparseMla, PagedFp8AgainstDequantisedAndFp32References) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   auto used = [](int64_t s) { return s % 3 != 1; };
   const HostKv kv = make_kv(KvMode::kPagedFp8, 10, 64, 7, used);
   SparseInputs in;
@@ -579,7 +578,7 @@ TEST(GpuSparseMla, PagedFp8AgainstDequantisedAndFp32References) {
 }
 
 TEST(GpuSparseMla, InvalidCandidatesAndEmptyRows) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   auto used = [](int64_t s) { return s < 200; };  // slots 200.. are NaN
   for (KvMode mode : {KvMode::kPagedBf16, KvMode::kPagedFp8}) {
     const HostKv kv = make_kv(mode, 5, 64, 10, used);
@@ -608,7 +607,7 @@ TEST(GpuSparseMla, InvalidCandidatesAndEmptyRows) {
 }
 
 TEST(GpuSparseMla, TopkLengthSinkAndHeadTail) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   const HostKv kv = make_kv(KvMode::kFlat, 500, 0, 13);
   for (int64_t H : {16, 80}) {
     SparseInputs in;
@@ -629,7 +628,7 @@ TEST(GpuSparseMla, TopkLengthSinkAndHeadTail) {
 }
 
 TEST(GpuSparseMla, DeviceTopkLengthOutOfRangeIsClamped) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   // Device contents are not validated; a length past K means K, a negative one means none.
   const HostKv kv = make_kv(KvMode::kFlat, 300, 0, 18);
   SparseInputs in;
@@ -644,7 +643,7 @@ TEST(GpuSparseMla, DeviceTopkLengthOutOfRangeIsClamped) {
 }
 
 TEST(GpuSparseMla, PageEdgesOddPagesAndPaddedBlocks) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   for (KvMode mode : {KvMode::kPagedBf16, KvMode::kPagedFp8}) {
     for (int64_t page : {1, 5, 64}) {
       // Blocks padded by 48 bytes (NaN) beyond their tokens.
@@ -671,7 +670,7 @@ TEST(GpuSparseMla, PageEdgesOddPagesAndPaddedBlocks) {
 }
 
 TEST(GpuSparseMla, StridedAndUnalignedTensors) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   // Row strides that are not multiples of 16 bytes take the element-wise load/store paths;
   // padding elements of q and kv hold NaN, the out padding must stay untouched.
   const HostKv kv = make_kv(KvMode::kFlat, 200, 0, 23, nullptr, 4);
@@ -693,7 +692,7 @@ TEST(GpuSparseMla, StridedAndUnalignedTensors) {
 }
 
 TEST(GpuSparseMla, DecodeRowsNextN1To4) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   const HostKv kv = make_kv(KvMode::kPagedFp8, 40, 64, 26);
   for (int64_t next_n = 1; next_n <= 4; ++next_n) {
     const int64_t B = 3, T = B * next_n;
@@ -715,7 +714,7 @@ TEST(GpuSparseMla, DecodeRowsNextN1To4) {
 }
 
 TEST(GpuSparseMla, SplitKWorkspaceAndBitIdenticalRepeats) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   // Two tokens with 2048 candidates: too few tiles for the device, so the key list is split.
   const HostKv kv = make_kv(KvMode::kPagedBf16, 64, 64, 30);
   SparseInputs in;
@@ -732,21 +731,21 @@ TEST(GpuSparseMla, SplitKWorkspaceAndBitIdenticalRepeats) {
   EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4)) << "repeated lse differ";
 
   // Too small a workspace is an error naming it.
-  DevBuf q(in.q.data), cache(kv.bytes), idx(in.indices), out(2 * 64 * DV * 2), lse(2 * 64 * 4), ws(64);
+  DeviceBuffer q(in.q.data), cache(kv.bytes), idx(in.indices), out(2 * 64 * DV * 2), lse(2 * 64 * 4), ws(64);
   dsa::SparseMlaParams p;
-  p.q = dsa::make_tensor(q.get(), DType::kBF16, {2, 64, D}, dsa::cuda_device(0));
-  p.kv = kv.desc(cache.get(), dsa::cuda_device(0));
-  p.indices = dsa::make_tensor(idx.get(), DType::kI32, {2, in.K}, dsa::cuda_device(0));
+  p.q = dsa::make_tensor(q.data(), DType::kBF16, {2, 64, D}, dsa::cuda_device(0));
+  p.kv = kv.desc(cache.data(), dsa::cuda_device(0));
+  p.indices = dsa::make_tensor(idx.data(), DType::kI32, {2, in.K}, dsa::cuda_device(0));
   p.sm_scale = kScale;
-  p.out = dsa::make_tensor(out.get(), DType::kBF16, {2, 64, DV}, dsa::cuda_device(0));
-  p.lse = dsa::make_tensor(lse.get(), DType::kF32, {2, 64}, dsa::cuda_device(0));
-  p.workspace = ws.get();
+  p.out = dsa::make_tensor(out.data(), DType::kBF16, {2, 64, DV}, dsa::cuda_device(0));
+  p.lse = dsa::make_tensor(lse.data(), DType::kF32, {2, 64}, dsa::cuda_device(0));
+  p.workspace = ws.data();
   p.workspace_bytes = 64;
   EXPECT_TRUE(dsa_test::fails_naming(dsa::sparse_mla(p), {"sparse_mla", "workspace"}));
 }
 
 TEST(GpuSparseMla, Prefill4096TokensTopk2048) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   const int64_t T = 4096, H = 64, K = 2048, S = 8192;
   const HostKv kv = make_kv(KvMode::kFlat, S, 0, 34);
   SparseInputs in;
@@ -774,7 +773,7 @@ DenseInputs dense_inputs(const std::vector<std::pair<int64_t, int64_t>>& seqs, i
 }
 
 TEST(GpuDenseMla, FlatVarlenWithPrefixOffsets) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   const std::vector<std::pair<int64_t, int64_t>> seqs = {{5, 5}, {3, 70}, {0, 10}, {17, 130}, {1, 1}, {64, 64}};
   DenseInputs in = dense_inputs(seqs, 64, 40);
   in.cu_k = {7};  // keys start at row 7: rows 0..6 belong to nobody (and hold NaN)
@@ -823,7 +822,7 @@ PagedSetup paged_setup(KvMode mode, const std::vector<std::pair<int64_t, int64_t
 }
 
 TEST(GpuDenseMla, PagedBf16AndFp8DecodeAndPrefill) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   for (KvMode mode : {KvMode::kPagedBf16, KvMode::kPagedFp8}) {
     for (int64_t page : {16, 64}) {
       for (int64_t next_n = 1; next_n <= 4; ++next_n) {
@@ -841,7 +840,7 @@ TEST(GpuDenseMla, PagedBf16AndFp8DecodeAndPrefill) {
 
 // Few heads (tensor-parallel shards, small test geometries): the head tile is mostly padding.
 TEST(GpuDenseMla, FewHeadsF32OutMatchesReferenceAndCpu) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   for (int64_t H : {1, 4, 5, 16}) {
     const std::vector<std::pair<int64_t, int64_t>> seqs = {{40, 40}, {3, 90}, {20, 600}};
     PagedSetup ps = paged_setup(KvMode::kPagedBf16, seqs, H, 16, 70 + H);
@@ -854,7 +853,7 @@ TEST(GpuDenseMla, FewHeadsF32OutMatchesReferenceAndCpu) {
 }
 
 TEST(GpuDenseMla, BadDeviceBlockTableEntriesAreInvalidKeys) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   PagedSetup ps = paged_setup(KvMode::kPagedBf16, {{2, 200}, {3, 190}}, 64, 64, 60);
   ps.in.block_table[1] = -1;                                               // seq 0, page 1
   ps.in.block_table[ps.in.max_blocks + 2] = static_cast<int32_t>(ps.kv.num_blocks + 3);  // seq 1, page 2
@@ -863,7 +862,7 @@ TEST(GpuDenseMla, BadDeviceBlockTableEntriesAreInvalidKeys) {
 }
 
 TEST(GpuDenseMla, DenseEqualsSparseWhenContextFitsTopk) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   PagedSetup ps = paged_setup(KvMode::kPagedFp8, {{40, 300}, {2, 1000}}, 128, 64, 70);
   const Result dense = run_dense(ps.kv, ps.in, true);
   SparseInputs sp;
@@ -883,7 +882,7 @@ TEST(GpuDenseMla, DenseEqualsSparseWhenContextFitsTopk) {
 }
 
 TEST(GpuDenseMla, Decode128KContext) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   const int64_t ctx = 131072, H = 64;
   PagedSetup ps = paged_setup(KvMode::kPagedBf16, {{2, ctx}}, H, 64, 80);
   const std::vector<int64_t> heads = {0, 17, 63};
@@ -897,7 +896,7 @@ TEST(GpuDenseMla, Decode128KContext) {
 }
 
 TEST(GpuDenseMla, Prefill16KRows) {
-  DSA_ATTN_REQUIRE_GPU();
+  DSA_REQUIRE_GPU();
   const int64_t T = 16384, H = 16;
   DenseInputs in = dense_inputs({{T, T + 100}}, H, 90);  // a 100-token cached prefix
   in.cu_k = {0, static_cast<int32_t>(T + 100)};
