@@ -167,7 +167,7 @@ else
 fi
 if [ -f bench/torch_baseline.py ]; then
   # shellcheck disable=SC2086
-  step torch_baseline 150 env PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" python3 bench/torch_baseline.py ${DSA_TORCH_ARGS:---quick} --json "$OUT/torch_baseline.json"
+  step torch_baseline 200 env PYTHONPATH="$BUILD-py/python:${PYTHONPATH:-}" python3 bench/torch_baseline.py ${DSA_TORCH_ARGS:---quick} --json "$OUT/torch_baseline.json"
 else
   skip torch_baseline "bench/torch_baseline.py not present"
 fi
