@@ -111,6 +111,9 @@ void BM_Topk(benchmark::State& state) {
   p.lengths = make_tensor(lens.data(), DType::kI32, {M});
   p.k = k;
   p.indices = make_tensor(idx.data(), DType::kI32, {M, k});
+  std::vector<uint8_t> ws(topk_workspace_size(p));
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
   for (auto _ : state) {
     Status st = topk(p);
     if (!st.ok()) state.SkipWithError(st.to_string().c_str());

@@ -355,6 +355,9 @@ Result direct_pipeline(World& w, IndexerRole role, const std::vector<int32_t>* i
         tp.lengths = lp.row_len;
         tp.k = K;
         tp.indices = t_i32(sel, {n, K});
+        std::vector<uint8_t> tws(topk_workspace_size(tp));
+        tp.workspace = tws.data();
+        tp.workspace_bytes = tws.size();
         EXPECT_TRUE(topk(tp).ok());
       }
       std::vector<int32_t> mapped(static_cast<size_t>(n * K));

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <thread>
 
 #include "core/arena.h"
 #include "test_util.h"
@@ -15,6 +16,14 @@ namespace {
 constexpr int64_t kKiB = 1024, kMiB = 1024 * 1024, kGiB = 1024 * kMiB;
 
 int64_t A(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// The CPU top-k's scratch (topk.h): 8 bytes per column, rounded to 64, per row slot (one per
+// hardware thread, at most one per row); none when every row fits in k.
+int64_t cpu_topk_scratch(int64_t rows, int64_t width, int64_t k) {
+  if (width <= k) return 0;
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  return std::min(rows, hw) * ((width * 8 + 63) / 64 * 64);
+}
 
 ModelGeometry small_geometry(int topk = 64) {
   ModelGeometry g;
@@ -62,7 +71,7 @@ TEST(Planner, WorkspaceBreakdownByHand) {
   Plan p;
   DSA_ASSERT_OK(make_plan(c, &p));
   // Everything fits one chunk: 16 rows x 256 keys, idx and mapped [16, 64].
-  EXPECT_EQ(p.score_region_bytes, A(16 * 256 * 4) + A(16 * 64 * 4) * 2);
+  EXPECT_EQ(p.score_region_bytes, A(16 * 256 * 4) + A(cpu_topk_scratch(16, 256, 64)) + A(16 * 64 * 4) * 2);
   EXPECT_EQ(p.tile_width, 0);
   EXPECT_EQ(find_buffer(p, "indexer_q"), A(16 * 2 * 128));
   EXPECT_EQ(find_buffer(p, "indexer_weights"), A(16 * 2 * 4));
@@ -98,7 +107,7 @@ TEST(Planner, RowsPerChunkUnderTheBudgetWithPadding) {
     }
     // The score rows are padded to 64 floats and the padding is counted.
     const int64_t stride = (L + 63) / 64 * 64;
-    EXPECT_EQ(p.chunk_bytes(r, L), A(r * stride * 4) + 2 * A(r * 64 * 4)) << L;
+    EXPECT_EQ(p.chunk_bytes(r, L), A(r * stride * 4) + A(cpu_topk_scratch(r, L, 64)) + 2 * A(r * 64 * 4)) << L;
   }
   EXPECT_EQ(p.tile_width_for(100000), 0);
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "oracle/oracle_logits.h"
 #include "test_util.h"
@@ -30,9 +31,15 @@ void check_topk(const std::vector<float>& x, int64_t M, int64_t W, const std::ve
   p.k = k;
   p.indices = dsa_test::t_i32(idx.as<int32_t>(), {M, k});
   p.values = dsa_test::t_f32(val.as<float>(), {M, k});
-  EXPECT_EQ(topk_workspace_size(p), 0u);
+  // Scratch comes from the workspace: 8 bytes per column per row slot, none when W <= k.
+  const size_t ws_bytes = topk_workspace_size(p);
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  EXPECT_EQ(ws_bytes, W <= k ? 0u : static_cast<size_t>(std::min<int64_t>(M, hw)) * ((W * 8 + 63) / 64 * 64));
+  Guarded ws(ws_bytes);
+  p.workspace = ws_bytes ? ws.data() : nullptr;
+  p.workspace_bytes = ws_bytes;
   DSA_ASSERT_OK(topk(p));
-  ASSERT_TRUE(idx.intact() && val.intact()) << what;
+  ASSERT_TRUE(idx.intact() && val.intact() && ws.intact()) << what;
   for (int64_t i = 0; i < M; ++i) {
     auto ref = oracle::topk_row(&x[i * W], lengths[i], k);
     for (int64_t j = 0; j < k; ++j) {
@@ -114,15 +121,23 @@ TEST(Topk, RejectsBadArgumentsNamingThem) {
   std::vector<float> x(2 * 100);
   std::vector<int32_t> lengths = {10, 100}, idx(2 * 64);
   std::vector<float> val(2 * 64);
+  std::vector<uint8_t> ws(2 * 1024);
   auto base = [&] {
     TopkParams p;
     p.logits = dsa_test::t_f32(x.data(), {2, 100});
     p.lengths = dsa_test::t_i32(lengths.data(), {2});
     p.k = 64;
     p.indices = dsa_test::t_i32(idx.data(), {2, 64});
+    p.workspace = ws.data();
+    p.workspace_bytes = ws.size();
     return p;
   };
   DSA_ASSERT_OK(topk(base()));
+  {
+    TopkParams p = base();
+    p.workspace_bytes = 800 - 1;  // one slot is 8 * 100 bytes, rounded to 832
+    EXPECT_TRUE(dsa_test::fails_naming(topk(p), {"topk", "workspace", "832"}));
+  }
   for (int64_t k : {0, -64, 100, 16448}) {
     auto p = base(); p.k = k;
     EXPECT_TRUE(dsa_test::fails_naming(topk(p), {"topk", "k", "multiple of 64"})) << k;
@@ -231,4 +246,27 @@ TEST(MapIndices, RejectsBadArgumentsNamingThem) {
   EXPECT_TRUE(dsa_test::fails_naming(map_indices(p), {"row_seq[2]", "B = 2"}));
   kv_start[1] = -5;
   EXPECT_TRUE(dsa_test::fails_naming(map_indices(base()), {"kv_start[1]"}));
+}
+
+// One row slot of scratch (less parallelism) gives the same bits as one per thread.
+TEST(Topk, FewerScratchSlotsThanThreadsSameResult) {
+  dsa_test::Rng rng(99);
+  const int64_t M = 9, W = 5000, k = 128;
+  std::vector<float> x = dsa_test::random_floats(rng, static_cast<size_t>(M * W));
+  std::vector<int32_t> lengths(M, static_cast<int32_t>(W));
+  lengths[3] = 100;
+  std::vector<int32_t> a(M * k), b(M * k);
+  TopkParams p;
+  p.logits = dsa_test::t_f32(x.data(), {M, W});
+  p.lengths = dsa_test::t_i32(lengths.data(), {M});
+  p.k = k;
+  p.indices = dsa_test::t_i32(a.data(), {M, k});
+  std::vector<uint8_t> ws(topk_workspace_size(p));
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
+  DSA_ASSERT_OK(topk(p));
+  p.indices = dsa_test::t_i32(b.data(), {M, k});
+  p.workspace_bytes = static_cast<size_t>((W * 8 + 63) / 64 * 64);  // exactly one slot
+  DSA_ASSERT_OK(topk(p));
+  EXPECT_EQ(a, b);
 }

@@ -26,7 +26,9 @@ struct TopkParams {
   size_t workspace_bytes = 0;
   void* stream = nullptr;
 };
-// Scratch the op needs for these params (0 on the CPU).
+// Scratch the op needs for these params: on the CPU 8 bytes per logits column for each of
+// min(M, hardware threads) row slots (0 when W <= k: such rows read no score; given less, but
+// at least one slot, it runs on fewer threads); on CUDA currently 0. Non-decreasing in M and W.
 size_t topk_workspace_size(const TopkParams& p);
 Status topk(const TopkParams& p);
 

@@ -36,7 +36,7 @@ size_t topk_workspace_size(const TopkParams& p) {
 #if defined(DSA_WITH_CUDA)
   if (p.logits.device.type == DeviceType::kCUDA) return gpu::topk_workspace_size(p);
 #endif
-  return 0;
+  return cpu::topk_workspace_size(p);
 }
 
 Status topk(const TopkParams& p) {
@@ -54,6 +54,15 @@ Status topk(const TopkParams& p) {
       c.require(false, at("lengths", i).c_str(),
                 "expected in [0, W = " + std::to_string(W) + "], got " + std::to_string(len));
       return c.status();
+    }
+    // The CPU runs with as many row slots as the workspace holds (topk_workspace_size gives one
+    // per thread); it needs at least one.
+    const size_t need = cpu::topk_min_workspace_size(p);
+    if (p.workspace_bytes < need || (need > 0 && p.workspace == nullptr)) {
+      return Status(StatusCode::kWorkspaceTooSmall,
+                    "topk: workspace: expected at least " + std::to_string(need) + " bytes (8 per column of logits; " +
+                        "topk_workspace_size = " + std::to_string(cpu::topk_workspace_size(p)) + " for all threads), got " +
+                        std::to_string(p.workspace_bytes));
     }
   }
 #if defined(DSA_WITH_CUDA)

@@ -20,7 +20,9 @@ StatusCode read_mla_cache(const ReadMlaCacheParams& p);
 // indexer_logits.cpp
 StatusCode indexer_logits(const IndexerLogitsParams& p);
 StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p);
-// topk.cpp
+// topk.cpp: scratch of 8 bytes per column for each of up to hardware-thread-count row slots
+size_t topk_workspace_size(const TopkParams& p);      // all slots
+size_t topk_min_workspace_size(const TopkParams& p);  // one slot: the least that works
 StatusCode topk(const TopkParams& p);
 StatusCode map_indices(const MapIndicesParams& p);
 // mla_attention.cpp

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <vector>
+#include <thread>
 
 #include "cpu/cpu_ops.h"
 #include "cpu/parallel.h"
@@ -28,9 +28,14 @@ inline uint32_t order_key(float f) {
   return nan ? 0u : (u ^ flip);
 }
 
+// Per-slot scratch: the keys of one row and the survivors of each pass (8 bytes per column),
+// carved from the caller's workspace so selection allocates nothing and its memory is counted.
 struct TopkScratch {
-  std::vector<uint32_t> keys, cand;
+  uint32_t* keys;
+  uint32_t* cand;
 };
+
+int64_t slot_bytes(int64_t width) { return (width * 8 + 63) / 64 * 64; }
 
 // Picks the digit (bits [shift, shift + bits) of the candidates' keys) that holds the `need`-th
 // largest candidate, and lowers `need` by the count of candidates with larger digits.
@@ -68,10 +73,8 @@ void topk_row(const float* __restrict x, int64_t len, int64_t k, int32_t* __rest
     }
     return;
   }
-  sc.keys.resize(static_cast<size_t>(len));
-  sc.cand.resize(static_cast<size_t>(len));
-  uint32_t* keys = sc.keys.data();
-  uint32_t* cand = sc.cand.data();
+  uint32_t* keys = sc.keys;
+  uint32_t* cand = sc.cand;
   for (int64_t j = 0; j < len; ++j) keys[j] = order_key(x[j]);
   // Digits of 11, 11 and 10 bits, from the top; each pass only looks at the survivors.
   int64_t need = k;
@@ -101,17 +104,50 @@ void topk_row(const float* __restrict x, int64_t len, int64_t k, int32_t* __rest
 
 }  // namespace
 
-StatusCode topk(const TopkParams& p) {
+size_t topk_min_workspace_size(const TopkParams& p) {
+  const int64_t M = p.logits.shape[0], W = p.logits.shape[1];
+  return (M > 0 && W > p.k) ? static_cast<size_t>(slot_bytes(W)) : 0;  // rows of <= k read no score
+}
+
+// One slot per hardware thread: fixed for the process, so a plan's query stays valid when
+// set_num_threads changes later.
+int64_t max_slots() {
+  const unsigned h = std::thread::hardware_concurrency();
+  return h ? static_cast<int64_t>(h) : 1;
+}
+
+size_t topk_workspace_size(const TopkParams& p) {
   const int64_t M = p.logits.shape[0];
+  const int64_t slots = std::min<int64_t>(M, max_slots());
+  return topk_min_workspace_size(p) * static_cast<size_t>(std::max<int64_t>(slots, 0));
+}
+
+StatusCode topk(const TopkParams& p) {
+  const int64_t M = p.logits.shape[0], W = p.logits.shape[1];
   const int64_t k = p.k;
-  parallel_for(M, 1, [&](int64_t b, int64_t e) {
-    thread_local TopkScratch sc;
-    for (int64_t i = b; i < e; ++i) {
-      const float* x = p.logits.ptr<const float>() + i * p.logits.stride[0];
-      const int64_t len = p.lengths.ptr<const int32_t>()[i * p.lengths.stride[0]];
-      int32_t* idx = p.indices.ptr<int32_t>() + i * p.indices.stride[0];
-      float* val = p.values.present() ? p.values.ptr<float>() + i * p.values.stride[0] : nullptr;
-      topk_row(x, len, k, idx, val, sc);
+  if (M == 0) return StatusCode::kOk;
+  // As many scratch slots as threads, rows and workspace allow (the API checked there is one).
+  const size_t per = topk_min_workspace_size(p);
+  int64_t slots = std::min<int64_t>(M, max_slots());
+  if (per > 0) slots = std::min<int64_t>(slots, static_cast<int64_t>(p.workspace_bytes / per));
+  if (slots < 1) return per > 0 ? StatusCode::kWorkspaceTooSmall : StatusCode::kInternal;
+  const int64_t rows_per_slot = (M + slots - 1) / slots;
+  uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+  parallel_for(slots, 1, [&](int64_t b, int64_t e) {
+    for (int64_t s = b; s < e; ++s) {
+      TopkScratch sc{nullptr, nullptr};
+      if (per > 0) {
+        sc.keys = reinterpret_cast<uint32_t*>(ws + static_cast<size_t>(s) * per);
+        sc.cand = sc.keys + W;
+      }
+      const int64_t r1 = std::min(M, (s + 1) * rows_per_slot);
+      for (int64_t i = s * rows_per_slot; i < r1; ++i) {
+        const float* x = p.logits.ptr<const float>() + i * p.logits.stride[0];
+        const int64_t len = p.lengths.ptr<const int32_t>()[i * p.lengths.stride[0]];
+        int32_t* idx = p.indices.ptr<int32_t>() + i * p.indices.stride[0];
+        float* val = p.values.present() ? p.values.ptr<float>() + i * p.values.stride[0] : nullptr;
+        topk_row(x, len, k, idx, val, sc);
+      }
     }
   });
   return StatusCode::kOk;
