@@ -53,6 +53,9 @@ void run_topk(const std::vector<float>& x, int64_t M, int64_t W, int64_t k, cons
   hp.k = k;
   hp.indices = make_tensor(ref_idx.data(), DType::kI32, {M, k});
   if (with_values) hp.values = make_tensor(ref_val.data(), DType::kF32, {M, k});
+  std::vector<uint8_t> hws(topk_workspace_size(hp));  // the CPU's per-row key buffers
+  hp.workspace = hws.data();
+  hp.workspace_bytes = hws.size();
   DSA_ASSERT_OK(topk(hp));
 
   DeviceBuffer dx(x), dl(dev_len), di(M * k * 4, 0x5A), dv(M * k * 4, 0x5A);
