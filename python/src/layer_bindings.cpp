@@ -104,7 +104,7 @@ py::dict plan_dict(const dsa::Plan& p) {
   const dsa::PlannerConfig& c = p.config;
   py::dict cfg;
   cfg["geometry"] = c.geometry.name;
-  cfg["cache_dtype"] = c.cache_dtype == dsa::MlaCacheDtype::kFP8 ? "fp8" : "bf16";
+  cfg["cache_dtype"] = dsa::mla_cache_dtype_name(c.cache_dtype);
   cfg["page_size"] = c.page_size;
   cfg["max_tokens_per_step"] = c.max_tokens_per_step;
   cfg["max_seqs_per_step"] = c.max_seqs_per_step;

@@ -222,7 +222,7 @@ TEST(GpuCache, MlaCacheBytesMatchCpu) {
   for (MlaCacheDtype dt : {MlaCacheDtype::kBF16, MlaCacheDtype::kFP8})
     for (bool bf16_in : {false, true})
       for (bool invalid : {false, true}) {
-        SCOPED_TRACE(testing::Message() << (dt == MlaCacheDtype::kFP8 ? "fp8" : "bf16") << " bf16_in " << bf16_in << " invalid " << invalid);
+        SCOPED_TRACE(testing::Message() << mla_cache_dtype_name(dt) << " bf16_in " << bf16_in << " invalid " << invalid);
         run_mla_write(dt, 1, 64, 2, bf16_in, invalid, seed++);
         run_mla_write(dt, 150, 64, 4, bf16_in, invalid, seed++);
         run_mla_write(dt, 61, 1, 80, bf16_in, invalid, seed++);

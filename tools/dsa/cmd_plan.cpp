@@ -42,8 +42,6 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
-const char* cache_name(dsa::MlaCacheDtype d) { return d == dsa::MlaCacheDtype::kFP8 ? "fp8" : "bf16"; }
-
 bool parse_int(const char* s, int64_t* out) {
   errno = 0;
   char* end = nullptr;
@@ -169,7 +167,7 @@ int cmd_plan(int argc, char** argv) {
     std::printf("{\"preset\": \"%s\", \"device\": \"%s\", \"cache\": \"%s\", \"page_size\": %lld, "
                 "\"max_tokens_per_step\": %lld, \"max_seqs_per_step\": %lld, \"max_context\": %lld, \"max_next_n\": %lld, "
                 "\"max_rows\": %lld, \"device_memory_bytes\": %lld, \"kv_cache_fraction\": %g, ",
-                preset.c_str(), dsa::device_type_name(pc.device.type), cache_name(pc.cache_dtype),
+                preset.c_str(), dsa::device_type_name(pc.device.type), dsa::mla_cache_dtype_name(pc.cache_dtype),
                 (long long)pc.page_size, (long long)pc.max_tokens_per_step, (long long)pc.max_seqs_per_step,
                 (long long)L, (long long)pc.max_next_n, (long long)p.max_rows, (long long)pc.device_memory_bytes,
                 pc.kv_cache_fraction);
@@ -193,7 +191,7 @@ int cmd_plan(int argc, char** argv) {
     return 0;
   }
   std::printf("dsa plan: %s, %s MLA cache, page %lld, device %s\n", preset.c_str(),
-              cache_name(pc.cache_dtype), (long long)pc.page_size, dsa::device_type_name(pc.device.type));
+              dsa::mla_cache_dtype_name(pc.cache_dtype), (long long)pc.page_size, dsa::device_type_name(pc.device.type));
   std::printf("limits:    %lld tokens/step (%lld rows), %lld seqs/step, context %lld, next_n %lld\n",
               (long long)pc.max_tokens_per_step, (long long)p.max_rows, (long long)pc.max_seqs_per_step, (long long)L,
               (long long)pc.max_next_n);
