@@ -62,6 +62,12 @@ struct StepParams {
   void* workspace = nullptr;   // >= plan.workspace_bytes on the plan's device
   size_t workspace_bytes = 0;
   void* stream = nullptr;
+
+  // GPU time per stage (StepReport::gpu_ms_*): on CUDA, events are recorded on the stream
+  // between stages and the step waits for the last one before it returns the report. Off by
+  // default and free when off; ignored while the stream is being captured (a graph must not
+  // synchronise) and on the CPU (where the host times are the device times).
+  bool time_stages = false;
 };
 
 struct StepReport {
@@ -77,6 +83,12 @@ struct StepReport {
   // Host wall time per stage in ms (on CUDA: time to enqueue).
   double ms_cache = 0, ms_prepare = 0, ms_score = 0, ms_select = 0, ms_map = 0, ms_sparse = 0,
          ms_dense = 0, ms_total = 0;
+  // GPU time per stage in ms, summed over the step's launches of that stage (StepParams::
+  // time_stages on CUDA; gpu_timed says whether these were measured). gpu_ms_total is the
+  // first event to the last, so it includes gaps between stages.
+  bool gpu_timed = false;
+  double gpu_ms_cache = 0, gpu_ms_prepare = 0, gpu_ms_score = 0, gpu_ms_select = 0, gpu_ms_map = 0,
+         gpu_ms_sparse = 0, gpu_ms_dense = 0, gpu_ms_total = 0;
 };
 
 // Not re-entrant: one step at a time per object (its host staging is reused by every step).
