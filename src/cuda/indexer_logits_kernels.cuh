@@ -10,6 +10,7 @@
 // data-dependent address guarded; an unresolvable key is an invalid column (-inf). Tuned
 // kernels replace these behind the same launcher.
 #pragma once
+#include <cuda_fp16.h>
 #include <math_constants.h>
 
 #include "cuda/ops_common.cuh"
@@ -233,10 +234,17 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)
 // Two e4m3 bytes (lo, hi: the low 8 bits of each) -> a packed pair of F16 (exact), lo in the
 // low half.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t lo, uint32_t hi) {
+#if __CUDA_ARCH__ >= 890
   const uint16_t pair = static_cast<uint16_t>((lo & 0xffu) | ((hi & 0xffu) << 8));
   uint32_t out;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(pair));
   return out;
+#else
+  // No fp8 conversion instruction before sm_89: every e4m3 value is exact in f16.
+  const uint32_t l = __half_as_ushort(__float2half_rn(e4m3_to_float(static_cast<uint8_t>(lo))));
+  const uint32_t h = __half_as_ushort(__float2half_rn(e4m3_to_float(static_cast<uint8_t>(hi))));
+  return l | (h << 16);
+#endif
 }
 
 template <class Keys, int kMTiles>
