@@ -1,4 +1,6 @@
-// `dsa bench`: per-op GPU benchmarks at the shapes of SPEC §2 (issue 4 §6).
+// `dsa bench`: per-op GPU benchmarks at the shapes of SPEC §2 (issue 4 §6) and of the anchors
+// (/work/shared/anchors/bench.py: same op and shape strings), plus the layer benchmarks of
+// bench_layer.cpp (issue 9). Every row names the kernel that ran (dsa::last_kernel_name).
 //
 // Every op runs through the public API on device buffers filled with random data (never
 // zeros), rotating between several input sets so one run does not warm the cache for the
@@ -18,40 +20,25 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "dsa/dsa.h"
 
 #if defined(DSA_WITH_CUDA)
 #include <cuda_runtime.h>
 #endif
 
+using namespace dsa_bench;
+
 namespace {
-
-// Ceilings of the lent H200 as given in the project brief (bf16 GEMM ~780 TFLOP/s, fp8 GEMM
-// ~1420 TFLOP/s, device copy ~4.25 TB/s counting read + write; see docs/perf.md). Override with
-// --bf16-tflops / --fp8-tflops / --copy-tbs on other devices.
-constexpr double kBf16Tflops = 780.0;
-constexpr double kFp8Tflops = 1420.0;
-constexpr double kCopyTBs = 4.25;
-
-struct Options {
-  bool quick = false;
-  bool json = false;
-  std::string json_path;  // empty: stdout
-  std::vector<std::string> ops;  // empty: all
-  int warmup = 3;
-  int iters = 30;
-  int device = 0;
-  double bf16_tflops = kBf16Tflops;
-  double fp8_tflops = kFp8Tflops;
-  double copy_tbs = kCopyTBs;
-};
 
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: dsa bench [options]\n"
-               "  --op NAME[,NAME]   only these ops: indexer_logits, topk, sparse_mla_prefill,\n"
-               "                     sparse_mla_decode, dense_mla_decode, dense_mla_prefill\n"
-               "  --quick            fewer shapes and runs (whole run well under a minute)\n"
+               "  --op NAME[,NAME]   only these ops: indexer_logits, indexer_logits_paged, topk,\n"
+               "                     sparse_mla_prefill, sparse_mla_decode, dense_mla_decode,\n"
+               "                     dense_mla_prefill, layer_prefill, layer_decode\n"
+               "  --quick            fewer and smaller shapes, fewer runs (whole run well under a minute;\n"
+               "                     layer_prefill at S=16384 step=4096)\n"
                "  --json [PATH]      JSON results to PATH (or stdout) instead of the table\n"
                "  --warmup N         untimed runs per shape (default 3; quick 2)\n"
                "  --iters N          timed runs per shape, median reported (default 30; quick 10)\n"
@@ -78,6 +65,7 @@ bool parse(int argc, char** argv, Options* o) {
       std::exit(0);
     } else if (a == "--quick") {
       o->quick = true;
+
     } else if (a == "--json") {
       o->json = true;
       if (i + 1 < argc && argv[i + 1][0] != '-') o->json_path = argv[++i];
@@ -126,8 +114,9 @@ bool parse(int argc, char** argv, Options* o) {
   return true;
 }
 
-const char* const kOpNames[] = {"indexer_logits", "topk", "sparse_mla_prefill", "sparse_mla_decode",
-                                "dense_mla_decode", "dense_mla_prefill"};
+const char* const kOpNames[] = {"indexer_logits",   "indexer_logits_paged", "topk",
+                                "sparse_mla_prefill", "sparse_mla_decode",  "dense_mla_decode",
+                                "dense_mla_prefill",  "layer_prefill",      "layer_decode"};
 
 bool ops_known(const Options& o) {
   for (const auto& name : o.ops) {
@@ -155,167 +144,6 @@ int cmd_bench(int argc, char** argv) {
 
 namespace {
 
-// ---- device memory and random inputs ---------------------------------------------------------
-class Buf {
- public:
-  Buf() = default;
-  explicit Buf(size_t bytes) : bytes_(bytes) {
-    if (bytes && cudaMalloc(&p_, bytes) != cudaSuccess) {
-      cudaGetLastError();
-      p_ = nullptr;
-    }
-  }
-  Buf(Buf&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
-  Buf& operator=(Buf&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  Buf(const Buf&) = delete;
-  ~Buf() {
-    if (p_) cudaFree(p_);
-  }
-  void* get() const { return p_; }
-  template <typename T> T* as() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return bytes_; }
-  bool ok() const { return bytes_ == 0 || p_ != nullptr; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 7) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float normal() {
-    const uint64_t z = next();
-    float acc = 0.f;
-    for (int i = 0; i < 4; ++i) acc += static_cast<float>((z >> (16 * i)) & 0xffff) * (1.f / 65536.f);
-    return (acc - 2.f) * 1.7320508f;
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
-};
-
-// A device pool of random values of one kind; big buffers are filled by copying 1 MiB pieces
-// from random offsets of it (generating gigabytes on the host would dominate the run).
-class Pool {
- public:
-  Pool(const std::vector<uint8_t>& host, size_t unit) : unit_(unit), dev_(host.size()) {
-    ok_ = dev_.ok() && cudaMemcpy(dev_.get(), host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess;
-  }
-  bool fill(void* dst, size_t bytes, Rng& rng) const {
-    if (!ok_) return false;
-    const size_t piece_max = std::min<size_t>(1 << 20, dev_.bytes() / 2) / unit_ * unit_;
-    uint8_t* d = static_cast<uint8_t*>(dst);
-    for (size_t off = 0; off < bytes; off += piece_max) {
-      const size_t n = std::min(piece_max, bytes - off);
-      const size_t units = (dev_.bytes() - n) / unit_;
-      const size_t src = (units ? rng.next() % units : 0) * unit_;
-      if (cudaMemcpyAsync(d + off, dev_.as<uint8_t>() + src, n, cudaMemcpyDeviceToDevice) != cudaSuccess) return false;
-    }
-    return true;
-  }
-
- private:
-  size_t unit_;
-  Buf dev_;
-  bool ok_ = false;
-};
-
-struct Pools {
-  Pool f32, bf16, e4m3, pow2, mla_fp8;
-  static std::vector<uint8_t> make(size_t n, size_t unit, const std::function<void(uint8_t*, Rng&)>& gen, uint64_t seed) {
-    std::vector<uint8_t> v(n * unit);
-    Rng rng(seed);
-    for (size_t i = 0; i < n; ++i) gen(v.data() + i * unit, rng);
-    return v;
-  }
-  Pools()
-      : f32(make(8u << 20, 4, [](uint8_t* p, Rng& r) { const float x = r.normal(); std::memcpy(p, &x, 4); }, 1), 4),
-        bf16(make(8u << 20, 2, [](uint8_t* p, Rng& r) { const uint16_t b = dsa::float_to_bf16(r.normal()); std::memcpy(p, &b, 2); }, 2), 2),
-        e4m3(make(16u << 20, 1, [](uint8_t* p, Rng& r) { *p = dsa::quantize_e4m3(r.normal() * 64.f, 1.f); }, 3), 1),
-        pow2(make(1u << 18, 4, [](uint8_t* p, Rng& r) { const float x = std::ldexp(1.f, -4 - static_cast<int>(r.next() % 6)); std::memcpy(p, &x, 4); }, 4), 4),
-        mla_fp8(make(1u << 15, dsa::kMlaFp8TokenBytes, [](uint8_t* p, Rng& r) {
-          for (int i = 0; i < 512; ++i) p[i] = dsa::quantize_e4m3(r.normal() * 64.f, 1.f);
-          for (int t = 0; t < 4; ++t) { const float s = 1.f / 64.f; std::memcpy(p + 512 + 4 * t, &s, 4); }
-          for (int i = 0; i < 64; ++i) { const uint16_t b = dsa::float_to_bf16(r.normal()); std::memcpy(p + 528 + 2 * i, &b, 2); }
-        }, 5), dsa::kMlaFp8TokenBytes) {}
-};
-
-// ---- measurement --------------------------------------------------------------------------------
-struct Work {
-  double flops = 0;
-  double bytes = 0;
-  bool fp8 = false;  // which tensor-core ceiling bounds the FLOPs
-};
-
-struct Result {
-  std::string op, shape;
-  bool ok = false;
-  std::string error;
-  double ms = 0, ms_min = 0;
-  Work work;
-  double floor_ms = 0;
-  const char* bound = "";
-};
-
-// Runs op(set) warmup + iters times, rotating sets; fills ms with the median of the timed runs.
-bool time_op(const Options& o, int sets, const std::function<dsa::Status(int)>& op, Result* r) {
-  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(o.iters));
-  for (auto& e : ev) cudaEventCreate(&e);
-  bool ok = true;
-  for (int i = 0; i < o.warmup && ok; ++i) {
-    const dsa::Status st = op(i % sets);
-    if (!st.ok()) { r->error = st.to_string(); ok = false; }
-  }
-  for (int i = 0; i < o.iters && ok; ++i) {
-    cudaEventRecord(ev[2 * i]);
-    const dsa::Status st = op((o.warmup + i) % sets);
-    cudaEventRecord(ev[2 * i + 1]);
-    if (!st.ok()) { r->error = st.to_string(); ok = false; }
-  }
-  const cudaError_t e = cudaDeviceSynchronize();
-  if (ok && e != cudaSuccess) { r->error = std::string("device error: ") + cudaGetErrorString(e); ok = false; }
-  if (ok) {
-    std::vector<double> ms(static_cast<size_t>(o.iters));
-    for (int i = 0; i < o.iters; ++i) {
-      float t = 0;
-      cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]);
-      ms[static_cast<size_t>(i)] = t;
-    }
-    std::sort(ms.begin(), ms.end());
-    r->ms = ms[ms.size() / 2];
-    r->ms_min = ms.front();
-  }
-  for (auto& e2 : ev) cudaEventDestroy(e2);
-  r->ok = ok;
-  return ok;
-}
-
-void set_floor(const Options& o, Result* r) {
-  const double peak = (r->work.fp8 ? o.fp8_tflops : o.bf16_tflops) * 1e12;
-  const double t_flops = r->work.flops / peak * 1e3;
-  const double t_bytes = r->work.bytes / (o.copy_tbs * 1e12) * 1e3;
-  r->floor_ms = std::max(t_flops, t_bytes);
-  r->bound = t_flops >= t_bytes ? (r->work.fp8 ? "fp8" : "bf16") : "memory";
-}
-
-int rotation_sets(const Options& o, double bytes_per_set) {
-  // Enough sets that one pass over them exceeds the 50 MB L2 twice; at least 2.
-  int n = bytes_per_set > 0 ? static_cast<int>(100e6 / bytes_per_set) + 1 : 2;
-  return std::max(2, std::min(n, o.quick ? 2 : 4));
-}
-
-dsa::Device dev0(const Options& o) { return dsa::cuda_device(o.device); }
-
-std::string fail_alloc() { return "device allocation or fill failed"; }
 
 // ---- the ops ------------------------------------------------------------------------------------
 constexpr int64_t kD = 576, kDV = 512;
@@ -365,6 +193,67 @@ Result bench_indexer_logits(const Options& o, const Pools& pools, int64_t M, int
     p.ke = dsa::make_tensor(dke.get(), dsa::DType::kI32, {M}, d);
     p.logits = dsa::make_tensor(logits.get(), dsa::DType::kF32, {M, N}, d);
     return dsa::indexer_logits(p);
+  }, &r);
+  return r;
+}
+
+// Paged decode logits against the indexer cache: B sequences of ctx cached keys, next_n rows
+// each (row i of a sequence sees ctx - next_n + i + 1 keys); pages shuffled.
+Result bench_indexer_paged(const Options& o, const Pools& pools, int64_t B, int64_t nn, int64_t H, int64_t ctx) {
+  Result r;
+  r.op = "indexer_logits_paged";
+  r.shape = "B=" + std::to_string(B) + " next_n=" + std::to_string(nn) + " H=" + std::to_string(H) +
+            " ctx=" + std::to_string(ctx);
+  const int64_t R = B * nn, per_seq = (ctx + 63) / 64, blocks = B * per_seq;
+  double pairs = 0;
+  for (int64_t i = 0; i < nn; ++i) pairs += static_cast<double>(ctx - nn + i + 1);
+  pairs *= static_cast<double>(B);
+  r.work.flops = pairs * H * 128 * 2;
+  r.work.bytes = static_cast<double>(B) * ctx * dsa::kIndexerTokenBytes + static_cast<double>(R) * ctx * 4 +
+                 static_cast<double>(R) * H * (128 + 4);
+  r.work.fp8 = true;
+  const dsa::Device d = dev0(o);
+  Rng rng(15);
+  Buf cache(static_cast<size_t>(blocks * 64 * dsa::kIndexerTokenBytes));
+  bool ok = cache.ok() && pools.e4m3.fill(cache.get(), cache.bytes(), rng);
+  // Each page is [64 x 128 e4m3][64 x f32 scale]: the scales get powers of two.
+  const size_t page_bytes = 64 * dsa::kIndexerTokenBytes, scale_bytes = 64 * 4;
+  const size_t rows_per_copy = pools.pow2.bytes() / scale_bytes;
+  for (int64_t b0 = 0; ok && b0 < blocks; b0 += static_cast<int64_t>(rows_per_copy)) {
+    const size_t nb = std::min<size_t>(rows_per_copy, static_cast<size_t>(blocks - b0));
+    ok = cudaMemcpy2DAsync(cache.as<uint8_t>() + static_cast<size_t>(b0) * page_bytes + 64 * 128, page_bytes,
+                           pools.pow2.data(), scale_bytes, scale_bytes, nb, cudaMemcpyDeviceToDevice) == cudaSuccess;
+  }
+  std::vector<int32_t> bt(static_cast<size_t>(blocks)), lens(static_cast<size_t>(B), static_cast<int32_t>(ctx));
+  for (int64_t i = 0; i < blocks; ++i) bt[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  for (int64_t i = blocks - 1; i > 0; --i) std::swap(bt[static_cast<size_t>(i)], bt[rng.next() % static_cast<uint64_t>(i + 1)]);
+  Buf dbt(bt.size() * 4), dlens(lens.size() * 4), logits(static_cast<size_t>(R * ctx * 4));
+  ok = ok && dbt.ok() && dlens.ok() && logits.ok() &&
+       cudaMemcpy(dbt.get(), bt.data(), bt.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dlens.get(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+  std::vector<Buf> q, w;
+  for (int s = 0; s < 2 && ok; ++s) {
+    q.emplace_back(static_cast<size_t>(R * H * 128));
+    w.emplace_back(static_cast<size_t>(R * H * 4));
+    ok = q.back().ok() && w.back().ok() && pools.e4m3.fill(q.back().get(), q.back().bytes(), rng) &&
+         pools.f32.fill(w.back().get(), w.back().bytes(), rng);
+  }
+  if (!ok || cudaDeviceSynchronize() != cudaSuccess) { r.error = fail_alloc(); return r; }
+  dsa::IndexerCacheDesc cd;
+  cd.data = cache.get();
+  cd.num_blocks = blocks;
+  cd.page_size = 64;
+  cd.device = d;
+  time_op(o, 2, [&](int s) {
+    dsa::IndexerLogitsPagedParams p;
+    p.q = dsa::make_tensor(q[s].get(), dsa::DType::kE4M3, {R, H, 128}, d);
+    p.weights = dsa::make_tensor(w[s].get(), dsa::DType::kF32, {R, H}, d);
+    p.cache = cd;
+    p.block_table = dsa::make_tensor(dbt.get(), dsa::DType::kI32, {B, per_seq}, d);
+    p.kv_lens = dsa::make_tensor(dlens.get(), dsa::DType::kI32, {B}, d);
+    p.next_n = nn;
+    p.logits = dsa::make_tensor(logits.get(), dsa::DType::kF32, {R, ctx}, d);
+    return dsa::indexer_logits_paged(p);
   }, &r);
   return r;
 }
@@ -579,12 +468,25 @@ int cmd_bench(int argc, char** argv) {
     for (int64_t N : Ns)
       for (int64_t H : Hs) cases.push_back([&o, N, H](const Pools& p) { return bench_indexer_logits(o, p, 4096, N, H); });
   }
+  if (selected(o, "indexer_logits_paged")) {
+    // The anchors' order: H, then ctx, then next_n.
+    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{32} : std::vector<int64_t>{32, 64};
+    const std::vector<int64_t> ctxs = o.quick ? std::vector<int64_t>{32768} : std::vector<int64_t>{32768, 131072};
+    const std::vector<int64_t> nns = o.quick ? std::vector<int64_t>{2} : std::vector<int64_t>{1, 2, 4};
+    for (int64_t H : Hs)
+      for (int64_t ctx : ctxs)
+        for (int64_t nn : nns)
+          cases.push_back([&o, H, ctx, nn](const Pools& p) { return bench_indexer_paged(o, p, 64, nn, H, ctx); });
+  }
   if (selected(o, "topk")) {
     cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 64, 65536, 2048); });
-    if (!o.quick) cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 4096, 131072, 2048); });
+    if (!o.quick) {
+      cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 4096, 131072, 2048); });
+      cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 64, 1048576, 2048); });
+    }
   }
   if (selected(o, "sparse_mla_prefill")) {
-    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{64, 128};
+    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{16, 128} : std::vector<int64_t>{16, 32, 64, 128};
     for (int64_t H : Hs)
       cases.push_back([&o, H](const Pools& p) {
         return bench_sparse(o, p, "sparse_mla_prefill", "T=4096 H=" + std::to_string(H) + " K=2048 ctx=32768 kv=bf16", 1,
@@ -592,26 +494,46 @@ int cmd_bench(int argc, char** argv) {
       });
   }
   if (selected(o, "sparse_mla_decode")) {
-    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{64, 128};
-    for (int64_t H : Hs)
-      cases.push_back([&o, H](const Pools& p) {
-        return bench_sparse(o, p, "sparse_mla_decode", "B=128 next_n=2 H=" + std::to_string(H) + " K=2048 ctx=8192 kv=fp8",
-                            128, 8192, 2, H, 2048, true);
-      });
+    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{16, 32, 64, 128};
+    for (const bool fp8 : {true, false}) {
+      if (o.quick && !fp8) continue;
+      for (int64_t H : Hs)
+        cases.push_back([&o, H, fp8](const Pools& p) {
+          return bench_sparse(o, p, "sparse_mla_decode",
+                              "B=128 next_n=2 H=" + std::to_string(H) + " K=2048 ctx=8192 kv=" + (fp8 ? "fp8" : "bf16"), 128,
+                              8192, 2, H, 2048, fp8);
+        });
+    }
   }
   if (selected(o, "dense_mla_decode")) {
     cases.push_back([&o](const Pools& p) {
       return bench_dense(o, p, "dense_mla_decode", "B=128 next_n=1 ctx=2048 H=128 kv=bf16", 128, 1, 2048, 128, false);
     });
-    if (!o.quick)
+    if (!o.quick) {
+      cases.push_back([&o](const Pools& p) {
+        return bench_dense(o, p, "dense_mla_decode", "B=64 next_n=1 ctx=8192 H=128 kv=bf16", 64, 1, 8192, 128, false);
+      });
       cases.push_back([&o](const Pools& p) {
         return bench_dense(o, p, "dense_mla_decode", "B=1 next_n=1 ctx=131072 H=128 kv=bf16", 1, 1, 131072, 128, false);
       });
+    }
   }
   if (selected(o, "dense_mla_prefill")) {
     cases.push_back([&o](const Pools& p) {
       return bench_dense(o, p, "dense_mla_prefill", "B=4 len=2048 H=128 kv=bf16", 4, 2048, 2048, 128, false);
     });
+  }
+  if (selected(o, "layer_prefill")) {
+    const int64_t S = o.quick ? 16384 : 131072, step = o.quick ? 4096 : 8192;
+    for (const char* preset : {"glm-5", "deepseek-v3.2"})
+      cases.push_back([&o, preset, S, step](const Pools& p) {
+        return bench_layer_prefill(o, p, preset, S, step, dsa::kDefaultScoreBudgetBytes);
+      });
+  }
+  if (selected(o, "layer_decode")) {
+    cases.push_back([&o](const Pools& p) { return bench_layer_decode(o, p, "glm-5", 64, 2, o.quick ? 8192 : 32768); });
+    if (!o.quick)
+      cases.push_back([&o](const Pools& p) { return bench_layer_decode(o, p, "deepseek-v3.2", 128, 1, 8192); });
   }
 
   const Pools pools;
@@ -620,8 +542,8 @@ int cmd_bench(int argc, char** argv) {
   if (!o.json) {
     std::printf("dsa bench on %s (%d SMs); ceilings bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s, memory %.2f TB/s\n",
                 prop.name, prop.multiProcessorCount, o.bf16_tflops, o.fp8_tflops, o.copy_tbs);
-    std::printf("%-20s %-46s %10s %9s %9s %10s %8s %7s\n", "op", "shape", "ms", "TFLOP/s", "GB/s", "floor ms",
-                "x floor", "bound");
+    std::printf("%-20s %-46s %10s %9s %9s %10s %8s %8s  %s\n", "op", "shape", "ms", "TFLOP/s", "GB/s", "floor ms",
+                "x floor", "bound", "kernel");
   }
   for (const auto& c : cases) {
     Result r = c(pools);
@@ -629,8 +551,10 @@ int cmd_bench(int argc, char** argv) {
     all_ok = all_ok && r.ok;
     if (!o.json) {
       if (r.ok) {
-        std::printf("%-20s %-46s %10.4f %9.1f %9.0f %10.4f %8.2f %7s\n", r.op.c_str(), r.shape.c_str(), r.ms,
-                    r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6), r.floor_ms, r.ms / r.floor_ms, r.bound);
+        std::printf("%-20s %-46s %10.4f %9.1f %9.0f %10.4f %8.2f %8s  %s\n", r.op.c_str(), r.shape.c_str(), r.ms,
+                    r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6), r.floor_ms, r.ms / r.floor_ms, r.bound,
+                    r.kernel.empty() ? "-" : r.kernel.c_str());
+        if (!r.text_extra.empty()) std::fputs(r.text_extra.c_str(), stdout);
       } else {
         std::printf("%-20s %-46s FAILED: %s\n", r.op.c_str(), r.shape.c_str(), r.error.c_str());
       }
@@ -660,7 +584,8 @@ int cmd_bench(int argc, char** argv) {
       } else {
         std::snprintf(buf, sizeof(buf), "\"ok\": false, \"floor_ms\": %.6f", r.floor_ms);
       }
-      js += "    {\"op\": \"" + r.op + "\", \"shape\": \"" + r.shape + "\", " + buf;
+      js += "    {\"op\": \"" + r.op + "\", \"shape\": \"" + r.shape + "\", \"kernel\": \"" + json_escape(r.kernel) + "\", " + buf;
+      if (r.ok) js += r.json_extra;
       if (!r.ok) js += ", \"error\": \"" + json_escape(r.error) + "\"";
       js += i + 1 < results.size() ? "},\n" : "}\n";
     }
