@@ -29,6 +29,8 @@
 
 using namespace dsa_bench;
 
+constexpr int kNoDevice = 77;
+
 namespace {
 
 void usage(FILE* f) {
@@ -39,13 +41,15 @@ void usage(FILE* f) {
                "                     dense_mla_prefill, layer_prefill, layer_decode\n"
                "  --quick            fewer and smaller shapes, fewer runs (whole run well under a minute;\n"
                "                     layer_prefill at S=16384 step=4096)\n"
-               "  --json [PATH]      JSON results to PATH (or stdout) instead of the table\n"
+               "  --json [PATH]      JSON results to PATH (the table still prints) or to stdout (no table)\n"
                "  --warmup N         untimed runs per shape (default 3; quick 2)\n"
                "  --iters N          timed runs per shape, median reported (default 30; quick 10)\n"
                "  --device N         CUDA device (default 0)\n"
                "  --bf16-tflops X    bf16 tensor-core ceiling for floors (default %.0f)\n"
                "  --fp8-tflops X     fp8 tensor-core ceiling (default %.0f)\n"
-               "  --copy-tbs X       memory bandwidth ceiling in TB/s (default %.2f)\n",
+               "  --copy-tbs X       memory bandwidth ceiling in TB/s (default %.2f)\n"
+               "Exit status: 0 every benchmark ran, 1 one failed, 2 bad options, 77 no CUDA backend or\n"
+               "device (a test harness's skip code).\n",
                kBf16Tflops, kFp8Tflops, kCopyTBs);
 }
 
@@ -137,7 +141,7 @@ int cmd_bench(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, &o) || !ops_known(o)) return 2;
   std::fprintf(stderr, "dsa bench: this build has no CUDA backend (configure with -DDSA_CUDA=ON)\n");
-  return 2;
+  return kNoDevice;
 }
 
 #else
@@ -452,7 +456,7 @@ int cmd_bench(int argc, char** argv) {
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     cudaGetLastError();
     std::fprintf(stderr, "dsa bench: no CUDA device found (the benchmarks need a GPU)\n");
-    return 2;
+    return kNoDevice;
   }
   if (o.device >= n || cudaSetDevice(o.device) != cudaSuccess) {
     std::fprintf(stderr, "dsa bench: --device %d: expected a device index below %d\n", o.device, n);
@@ -539,7 +543,8 @@ int cmd_bench(int argc, char** argv) {
   const Pools pools;
   std::vector<Result> results;
   bool all_ok = true;
-  if (!o.json) {
+  const bool table = !o.json || !o.json_path.empty();  // JSON to a file: the table still prints
+  if (table) {
     std::printf("dsa bench on %s (%d SMs); ceilings bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s, memory %.2f TB/s\n",
                 prop.name, prop.multiProcessorCount, o.bf16_tflops, o.fp8_tflops, o.copy_tbs);
     std::printf("%-20s %-46s %10s %9s %9s %10s %8s %8s  %s\n", "op", "shape", "ms", "TFLOP/s", "GB/s", "floor ms",
@@ -549,7 +554,7 @@ int cmd_bench(int argc, char** argv) {
     Result r = c(pools);
     set_floor(o, &r);
     all_ok = all_ok && r.ok;
-    if (!o.json) {
+    if (table) {
       if (r.ok) {
         std::printf("%-20s %-46s %10.4f %9.1f %9.0f %10.4f %8.2f %8s  %s\n", r.op.c_str(), r.shape.c_str(), r.ms,
                     r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6), r.floor_ms, r.ms / r.floor_ms, r.bound,
