@@ -235,7 +235,7 @@ Result bench_layer_prefill(const Options& o, const Pools& pools, const std::stri
     for (int64_t i = 0; i < nsteps && ok; ++i) {
       const int64_t s0 = i * step, n = std::min(step, S - s0);
       int32_t ql = static_cast<int32_t>(n), kl = static_cast<int32_t>(s0 + n);
-      ok = in.refresh_tokens(pools, rng);
+      if (!in.refresh_tokens(pools, rng)) { r.error = fail_alloc(); ok = false; break; }
       dsa::StepParams p = step_params(g, in, n, 1, &ql, &kl, bt, pages, cs, S, mdesc, idesc, ws, d);
       p.time_stages = pass == 2;
       cudaEventRecord(ev[0]);
@@ -243,7 +243,8 @@ Result bench_layer_prefill(const Options& o, const Pools& pools, const std::stri
       cudaEventRecord(ev[1]);
       if (!st.ok()) { r.error = "step " + std::to_string(i) + ": " + st.to_string(); ok = false; break; }
       if (pass == 1) {
-        if (cudaEventSynchronize(ev[1]) != cudaSuccess) break;
+        const cudaError_t e = cudaEventSynchronize(ev[1]);
+        if (e != cudaSuccess) { r.error = std::string("device error: ") + cudaGetErrorString(e); ok = false; break; }
         ms[static_cast<size_t>(i)] = elapsed(ev[0], ev[1]);
       }
       if (i == nsteps - 1) r.kernel = dsa::last_kernel_name();
