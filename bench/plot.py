@@ -77,7 +77,8 @@ def plot_prefill(bench, anchors, out):
                 vals.append(v)
             ax.bar(ctx, vals, width=width, bottom=bottom, color=color, label=name)
             bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.plot(ctx, [s["ms"] for s in steps], "k.-", label="DSA step (GPU events)")
+        cpu = bench.get("backend") == "cpu"
+        ax.plot(ctx, [s["ms"] for s in steps], "k.-", label="DSA step (host time, CPU)" if cpu else "DSA step (GPU events)")
         ax.plot(ctx, [s["floor_ms"] for s in steps], "k--", label="floor of the step")
         a = anchor_for(anchors, r["shape"])
         title = f"{r['shape']}\nDSA {r['ms']:.1f} ms"
@@ -86,7 +87,9 @@ def plot_prefill(bench, anchors, out):
             ax.axhline(mean, color="m", lw=1.5, label=f"composed anchor, mean per step ({a['impl']})")
             title += f", anchor {a['ms']:.1f} ms"
         title += f", floor {r.get('floor_ms', 0):.1f} ms"
-        if not gpu:
+        if cpu:
+            title += "\n(CPU backend: stage split from the host stage times)"
+        elif not gpu:
             title += "\n(stage split: host enqueue shares; GPU stage times not measured)"
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("context after the step (tokens)")

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """CPU test of bench/plot.py: the score-memory series from the real planner (`dsa plan`), and both
-figures drawn. The prefill figure is drawn from a JSON in the schema of `dsa bench --json`
-(layer_prefill rows with `stages` and `steps`) whose numbers are test inputs, not measurements.
+figures drawn. The prefill figure is drawn from a real CPU run of `dsa bench --backend cpu --op
+layer_prefill` at a tiny size, and from a JSON in the same schema with GPU-timed stages whose
+numbers are test inputs, not measurements (the GPU branch of the figure).
     python3 tests/test_plot.py path/to/dsa        (exit 77: matplotlib absent, a skip)"""
+import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -48,6 +51,21 @@ def main():
             with open(out, "rb") as f:
                 if f.read(8) != b"\x89PNG\r\n\x1a\n":
                     failures.append(f"prefill figure {out} is not a PNG")
+        # A real run on the CPU: 4 steps of 64 tokens (dense route: within topk).
+        cpu_json = os.path.join(d, "cpu_bench.json")
+        subprocess.run([dsa, "bench", "--backend", "cpu", "--op", "layer_prefill", "--preset", "glm-5",
+                        "--prefill", "256,64", "--warmup", "0", "--json", cpu_json], check=True,
+                       stdout=subprocess.DEVNULL)
+        bench = json.load(open(cpu_json))
+        rows = plot.layer_rows(bench)
+        if len(rows) != 1 or [s["ctx"] for s in rows[0]["steps"]] != [64, 128, 192, 256]:
+            failures.append("CPU layer_prefill JSON: unexpected rows/steps")
+        elif abs(sum(s["ms"] for s in rows[0]["steps"]) - rows[0]["ms"]) > 1e-3 * rows[0]["ms"] + 1e-6:
+            failures.append("CPU layer_prefill: ms is not the sum of the steps")
+        out = os.path.join(d, "prefill_cpu.png")
+        plot.plot_prefill(bench, None, out)
+        if not os.path.getsize(out):
+            failures.append("empty prefill figure from the CPU run")
         if plot.layer_rows(dict(results=[dict(op="layer_prefill", ok=False)])):
             failures.append("a failed layer_prefill row was plotted")
 

@@ -37,7 +37,66 @@ struct Options {
   double bf16_tflops = kBf16Tflops;
   double fp8_tflops = kFp8Tflops;
   double copy_tbs = kCopyTBs;
+  // The layer benchmarks only: the backend, and sizes in place of the default shapes.
+  bool cpu = false;                 // --backend cpu (the host times are the device times)
+  std::string preset;               // --preset: one preset instead of both
+  int64_t prefill_S = 0, prefill_step = 0;             // --prefill S,step
+  int64_t decode_B = 0, decode_next_n = 0, decode_ctx = 0;  // --decode B,next_n,ctx
 };
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 7) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float normal() {
+    const uint64_t z = next();
+    float acc = 0.f;
+    for (int i = 0; i < 4; ++i) acc += static_cast<float>((z >> (16 * i)) & 0xffff) * (1.f / 65536.f);
+    return (acc - 2.f) * 1.7320508f;
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
+};
+
+struct Work {
+  double flops = 0;
+  double bytes = 0;
+  bool fp8 = false;  // which tensor-core ceiling bounds the FLOPs
+  // Mixed work (the layer benchmarks): flops_fp8 of the FLOPs run at the fp8 ceiling, the rest
+  // at bf16, one after the other (compute floor = fp8 part / fp8 peak + rest / bf16 peak).
+  double flops_fp8 = -1;
+};
+
+struct Result {
+  std::string op, shape;
+  bool ok = false;
+  std::string error;
+  double ms = 0, ms_min = 0;
+  Work work;
+  double floor_ms = 0;
+  const char* bound = "";
+  std::string kernel;      // dsa::last_kernel_name() after the op ("" on the CPU)
+  std::string json_extra;  // more JSON members (", \"stages\": {...}"), the layer benchmarks
+  std::string text_extra;  // more lines under the table row
+};
+
+inline void set_floor(const Options& o, Result* r) {
+  const double t_bytes = r->work.bytes / (o.copy_tbs * 1e12) * 1e3;
+  if (r->work.flops_fp8 >= 0) {
+    const double t_flops = (r->work.flops_fp8 / o.fp8_tflops + (r->work.flops - r->work.flops_fp8) / o.bf16_tflops) / 1e9;
+    r->floor_ms = std::max(t_flops, t_bytes);
+    r->bound = t_flops >= t_bytes ? "fp8+bf16" : "memory";
+    return;
+  }
+  const double peak = (r->work.fp8 ? o.fp8_tflops : o.bf16_tflops) * 1e12;
+  const double t_flops = r->work.flops / peak * 1e3;
+  r->floor_ms = std::max(t_flops, t_bytes);
+  r->bound = t_flops >= t_bytes ? (r->work.fp8 ? "fp8" : "bf16") : "memory";
+}
 
 #if defined(DSA_WITH_CUDA)
 
@@ -71,23 +130,6 @@ class Buf {
   size_t bytes_ = 0;
 };
 
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 7) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float normal() {
-    const uint64_t z = next();
-    float acc = 0.f;
-    for (int i = 0; i < 4; ++i) acc += static_cast<float>((z >> (16 * i)) & 0xffff) * (1.f / 65536.f);
-    return (acc - 2.f) * 1.7320508f;
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
-};
 
 // A device pool of random values of one kind; big buffers are filled by copying 1 MiB pieces
 // from random offsets of it (generating gigabytes on the host would dominate the run).
@@ -138,27 +180,6 @@ struct Pools {
 };
 
 // ---- measurement --------------------------------------------------------------------------------
-struct Work {
-  double flops = 0;
-  double bytes = 0;
-  bool fp8 = false;  // which tensor-core ceiling bounds the FLOPs
-  // Mixed work (the layer benchmarks): flops_fp8 of the FLOPs run at the fp8 ceiling, the rest
-  // at bf16, one after the other (compute floor = fp8 part / fp8 peak + rest / bf16 peak).
-  double flops_fp8 = -1;
-};
-
-struct Result {
-  std::string op, shape;
-  bool ok = false;
-  std::string error;
-  double ms = 0, ms_min = 0;
-  Work work;
-  double floor_ms = 0;
-  const char* bound = "";
-  std::string kernel;      // dsa::last_kernel_name() after the op ("" on the CPU)
-  std::string json_extra;  // more JSON members (", \"stages\": {...}"), the layer benchmarks
-  std::string text_extra;  // more lines under the table row
-};
 
 // Runs op(set) warmup + iters times, rotating sets; fills ms with the median of the timed runs.
 inline bool time_op(const Options& o, int sets, const std::function<dsa::Status(int)>& op, Result* r) {
@@ -195,19 +216,6 @@ inline bool time_op(const Options& o, int sets, const std::function<dsa::Status(
   return ok;
 }
 
-inline void set_floor(const Options& o, Result* r) {
-  const double t_bytes = r->work.bytes / (o.copy_tbs * 1e12) * 1e3;
-  if (r->work.flops_fp8 >= 0) {
-    const double t_flops = (r->work.flops_fp8 / o.fp8_tflops + (r->work.flops - r->work.flops_fp8) / o.bf16_tflops) / 1e9;
-    r->floor_ms = std::max(t_flops, t_bytes);
-    r->bound = t_flops >= t_bytes ? "fp8+bf16" : "memory";
-    return;
-  }
-  const double peak = (r->work.fp8 ? o.fp8_tflops : o.bf16_tflops) * 1e12;
-  const double t_flops = r->work.flops / peak * 1e3;
-  r->floor_ms = std::max(t_flops, t_bytes);
-  r->bound = t_flops >= t_bytes ? (r->work.fp8 ? "fp8" : "bf16") : "memory";
-}
 
 inline int rotation_sets(const Options& o, double bytes_per_set) {
   // Enough sets that one pass over them exceeds the 50 MB L2 twice; at least 2.
@@ -219,12 +227,14 @@ inline dsa::Device dev0(const Options& o) { return dsa::cuda_device(o.device); }
 
 inline std::string fail_alloc() { return "device allocation or fill failed"; }
 
-// The layer benchmarks (bench_layer.cpp).
-Result bench_layer_prefill(const Options& o, const Pools& pools, const std::string& preset, int64_t S, int64_t step,
-                           int64_t budget);
-Result bench_layer_decode(const Options& o, const Pools& pools, const std::string& preset, int64_t B, int64_t next_n,
-                          int64_t ctx);
-
 #endif  // DSA_WITH_CUDA
+
+// The layer benchmarks (bench_layer.cpp), on CUDA (pools: the device's random pools) or, with
+// o.cpu, on the CPU (pools unused, may be null).
+struct Pools;
+Result bench_layer_prefill(const Options& o, const Pools* pools, const std::string& preset, int64_t S, int64_t step,
+                           int64_t budget);
+Result bench_layer_decode(const Options& o, const Pools* pools, const std::string& preset, int64_t B, int64_t next_n,
+                          int64_t ctx);
 
 }  // namespace dsa_bench

@@ -12,8 +12,12 @@
 // Inputs are random (never zeros): the new tokens' latents and indexer inputs are refreshed
 // from the random pools before every prefill step (outside the timed region), the absorbed
 // queries are one random set; decode caches are filled with random tokens.
+// With --backend cpu the same runs on the CPU backend (host memory, steady_clock; the host
+// stage times are then the real split), at the sizes given by --prefill / --decode.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,10 +26,202 @@
 #include "dsa/layer.h"
 #include "dsa/planner.h"
 
-#if defined(DSA_WITH_CUDA)
-
 namespace dsa_bench {
 namespace {
+
+// ---- the backend under test: memory, fills, timing -----------------------------------------
+dsa::Device layer_device(const Options& o) { return o.cpu ? dsa::cpu_device() : dsa::cuda_device(o.device); }
+
+const char* kAllocFailed = "allocation or fill failed";
+
+// Device memory on CUDA, host memory (256-byte aligned) on the CPU.
+class Mem {
+ public:
+  Mem(bool cpu, size_t bytes) : cpu_(cpu), bytes_(bytes) {
+    if (!bytes) return;
+    if (cpu) {
+      p_ = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    } else {
+#if defined(DSA_WITH_CUDA)
+      if (cudaMalloc(&p_, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        p_ = nullptr;
+      }
+#endif
+    }
+  }
+  Mem(const Mem&) = delete;
+  Mem& operator=(const Mem&) = delete;
+  ~Mem() {
+    if (!p_) return;
+    if (cpu_) std::free(p_);
+#if defined(DSA_WITH_CUDA)
+    else cudaFree(p_);
+#endif
+  }
+  void* get() const { return p_; }
+  template <typename T> T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+  bool ok() const { return bytes_ == 0 || p_ != nullptr; }
+
+ private:
+  bool cpu_;
+  size_t bytes_;
+  void* p_ = nullptr;
+};
+
+// Random fills: from the device pools on CUDA, generated in place on the CPU.
+struct Filler {
+  const Options& o;
+  const Pools* pools;
+  Rng rng;
+  Filler(const Options& opt, const Pools* p, uint64_t seed) : o(opt), pools(p), rng(seed) {}
+  bool bf16(const Mem& m) {
+    if (o.cpu) {
+      for (size_t i = 0; i < m.bytes() / 2; ++i) m.as<uint16_t>()[i] = dsa::float_to_bf16(rng.normal());
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    return pools->bf16.fill(m.get(), m.bytes(), rng);
+#else
+    return false;
+#endif
+  }
+  bool f32(const Mem& m) {
+    if (o.cpu) {
+      for (size_t i = 0; i < m.bytes() / 4; ++i) m.as<float>()[i] = rng.normal();
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    return pools->f32.fill(m.get(), m.bytes(), rng);
+#else
+    return false;
+#endif
+  }
+  bool e4m3(const Mem& m) {
+    if (o.cpu) {
+      for (size_t i = 0; i < m.bytes(); ++i) m.as<uint8_t>()[i] = dsa::quantize_e4m3(rng.normal() * 64.f, 1.f);
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    return pools->e4m3.fill(m.get(), m.bytes(), rng);
+#else
+    return false;
+#endif
+  }
+  // An indexer cache of `blocks` pages, [64 x 128 e4m3][64 x f32 scale] each: random keys,
+  // power-of-two scales.
+  bool indexer_cache(const Mem& m, int64_t blocks, int64_t page) {
+    if (!e4m3(m)) return false;
+    const size_t page_bytes = static_cast<size_t>(page * dsa::kIndexerTokenBytes), scale_bytes = static_cast<size_t>(page * 4);
+    if (o.cpu) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        float* sc = reinterpret_cast<float*>(m.as<uint8_t>() + static_cast<size_t>(b) * page_bytes + page * 128);
+        for (int64_t t = 0; t < page; ++t) sc[t] = std::ldexp(1.f, -4 - static_cast<int>(rng.next() % 6));
+      }
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    const size_t rows_per_copy = pools->pow2.bytes() / scale_bytes;
+    for (int64_t b0 = 0; b0 < blocks; b0 += static_cast<int64_t>(rows_per_copy)) {
+      const size_t nb = std::min<size_t>(rows_per_copy, static_cast<size_t>(blocks - b0));
+      if (cudaMemcpy2DAsync(m.as<uint8_t>() + static_cast<size_t>(b0) * page_bytes + page * 128, page_bytes,
+                            pools->pow2.data(), scale_bytes, scale_bytes, nb, cudaMemcpyDeviceToDevice) != cudaSuccess)
+        return false;
+    }
+    return true;
+#else
+    return false;
+#endif
+  }
+  bool upload(const Mem& m, const void* host, size_t bytes) {
+    if (!m.ok() || bytes > m.bytes()) return false;
+    if (o.cpu) {
+      std::memcpy(m.get(), host, bytes);
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    return cudaMemcpy(m.get(), host, bytes, cudaMemcpyHostToDevice) == cudaSuccess;
+#else
+    return false;
+#endif
+  }
+};
+
+// Waits for the backend; "" or the device error.
+std::string sync(const Options& o) {
+  if (o.cpu) return "";
+#if defined(DSA_WITH_CUDA)
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return std::string("device error: ") + cudaGetErrorString(e);
+  return "";
+#else
+  return "no CUDA backend";
+#endif
+}
+
+// Time of one step: CUDA events on the default stream (GPU time), or host time on the CPU.
+class Timer {
+ public:
+  explicit Timer(const Options& o) : cpu_(o.cpu) {
+#if defined(DSA_WITH_CUDA)
+    if (!cpu_) {
+      cudaEventCreate(&ev_[0]);
+      cudaEventCreate(&ev_[1]);
+    }
+#endif
+  }
+  ~Timer() {
+#if defined(DSA_WITH_CUDA)
+    if (!cpu_) {
+      cudaEventDestroy(ev_[0]);
+      cudaEventDestroy(ev_[1]);
+    }
+#endif
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  void start() {
+    t0_ = std::chrono::steady_clock::now();
+#if defined(DSA_WITH_CUDA)
+    if (!cpu_) cudaEventRecord(ev_[0]);
+#endif
+  }
+  void stop() {
+    t1_ = std::chrono::steady_clock::now();
+#if defined(DSA_WITH_CUDA)
+    if (!cpu_) cudaEventRecord(ev_[1]);
+#endif
+  }
+  // ms between start and stop (waits for the stop event); false on a device error.
+  bool ms(double* out, std::string* err) {
+    if (cpu_) {
+      *out = std::chrono::duration<double, std::milli>(t1_ - t0_).count();
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    const cudaError_t e = cudaEventSynchronize(ev_[1]);
+    if (e != cudaSuccess) {
+      *err = std::string("device error: ") + cudaGetErrorString(e);
+      return false;
+    }
+    float t = 0;
+    cudaEventElapsedTime(&t, ev_[0], ev_[1]);
+    *out = t;
+    return true;
+#else
+    *err = "no CUDA backend";
+    return false;
+#endif
+  }
+
+ private:
+  bool cpu_;
+  std::chrono::steady_clock::time_point t0_, t1_;
+#if defined(DSA_WITH_CUDA)
+  cudaEvent_t ev_[2] = {nullptr, nullptr};
+#endif
+};
 
 constexpr int64_t kPage = 64;
 constexpr double kAttnFlopsPerKeyHead = (576.0 + 512.0) * 2.0;  // scores + value sums
@@ -108,33 +304,26 @@ std::vector<int32_t> shuffled_pages(int64_t n, Rng& rng) {
   return v;
 }
 
-bool upload(Buf& b, const void* host, size_t bytes) {
-  return b.ok() && cudaMemcpy(b.get(), host, bytes, cudaMemcpyHostToDevice) == cudaSuccess;
-}
-
 // The per-token inputs of a step of up to T rows.
 struct StepInputs {
-  Buf q, iq, ik, iw, kvc, kpe, out, lse;
-  StepInputs(int64_t T, const dsa::ModelGeometry& g)
-      : q(static_cast<size_t>(T * g.num_heads * dsa::kQkDim * 2)), iq(static_cast<size_t>(T * g.index_heads * 128 * 2)),
-        ik(static_cast<size_t>(T * 128 * 2)), iw(static_cast<size_t>(T * g.index_heads * 4)),
-        kvc(static_cast<size_t>(T * dsa::kLatentDim * 2)), kpe(static_cast<size_t>(T * 64 * 2)),
-        out(static_cast<size_t>(T * g.num_heads * dsa::kLatentDim * 2)), lse(static_cast<size_t>(T * g.num_heads * 4)) {}
+  Mem q, iq, ik, iw, kvc, kpe, out, lse;
+  StepInputs(bool cpu, int64_t T, const dsa::ModelGeometry& g)
+      : q(cpu, static_cast<size_t>(T * g.num_heads * dsa::kQkDim * 2)),
+        iq(cpu, static_cast<size_t>(T * g.index_heads * 128 * 2)), ik(cpu, static_cast<size_t>(T * 128 * 2)),
+        iw(cpu, static_cast<size_t>(T * g.index_heads * 4)), kvc(cpu, static_cast<size_t>(T * dsa::kLatentDim * 2)),
+        kpe(cpu, static_cast<size_t>(T * 64 * 2)), out(cpu, static_cast<size_t>(T * g.num_heads * dsa::kLatentDim * 2)),
+        lse(cpu, static_cast<size_t>(T * g.num_heads * 4)) {}
   bool ok() const { return q.ok() && iq.ok() && ik.ok() && iw.ok() && kvc.ok() && kpe.ok() && out.ok() && lse.ok(); }
-  bool refresh_tokens(const Pools& pools, Rng& rng) const {  // everything but q
-    return pools.bf16.fill(iq.get(), iq.bytes(), rng) && pools.bf16.fill(ik.get(), ik.bytes(), rng) &&
-           pools.f32.fill(iw.get(), iw.bytes(), rng) && pools.bf16.fill(kvc.get(), kvc.bytes(), rng) &&
-           pools.bf16.fill(kpe.get(), kpe.bytes(), rng);
+  bool refresh_tokens(Filler& f) const {  // everything but q
+    return f.bf16(iq) && f.bf16(ik) && f.f32(iw) && f.bf16(kvc) && f.bf16(kpe);
   }
-  bool fill_all(const Pools& pools, Rng& rng) const {
-    return refresh_tokens(pools, rng) && pools.bf16.fill(q.get(), q.bytes(), rng);
-  }
+  bool fill_all(Filler& f) const { return refresh_tokens(f) && f.bf16(q); }
 };
 
 // The step's params for T rows of B sequences (host q_lens / kv_lens).
 dsa::StepParams step_params(const dsa::ModelGeometry& g, const StepInputs& in, int64_t T, int64_t B, int32_t* q_lens,
-                            int32_t* kv_lens, const Buf& bt, int64_t max_blocks, const Buf& cos_sin, int64_t positions,
-                            const dsa::MlaCacheDesc& mla, const dsa::IndexerCacheDesc& idx, const Buf& ws, dsa::Device d) {
+                            int32_t* kv_lens, const Mem& bt, int64_t max_blocks, const Mem& cos_sin, int64_t positions,
+                            const dsa::MlaCacheDesc& mla, const dsa::IndexerCacheDesc& idx, const Mem& ws, dsa::Device d) {
   const int64_t H = g.num_heads, Hi = g.index_heads;
   dsa::StepParams p;
   p.role = dsa::IndexerRole::kFull;
@@ -168,22 +357,16 @@ bool make_plan_for(const Options& o, const dsa::ModelGeometry& g, int64_t tokens
   c.max_context = ctx;
   c.max_next_n = next_n;
   c.score_budget_bytes = budget;
-  c.device = dev0(o);
+  c.device = layer_device(o);
   dsa::Status st = dsa::make_plan(c, plan);
   if (st.ok()) st = dsa::Attention::create(*plan, attn);
   if (!st.ok()) *err = "plan: " + st.to_string();
   return st.ok();
 }
 
-double elapsed(cudaEvent_t a, cudaEvent_t b) {
-  float t = 0;
-  cudaEventElapsedTime(&t, a, b);
-  return t;
-}
-
 }  // namespace
 
-Result bench_layer_prefill(const Options& o, const Pools& pools, const std::string& preset, int64_t S, int64_t step,
+Result bench_layer_prefill(const Options& o, const Pools* pools, const std::string& preset, int64_t S, int64_t step,
                            int64_t budget) {
   Result r;
   r.op = "layer_prefill";
@@ -207,27 +390,27 @@ Result bench_layer_prefill(const Options& o, const Pools& pools, const std::stri
   dsa::Plan plan;
   std::unique_ptr<dsa::Attention> attn;
   if (!make_plan_for(o, g, step, 1, S, 1, budget, &plan, &attn, &r.error)) return r;
-  const dsa::Device d = dev0(o);
+  const dsa::Device d = layer_device(o);
   const int64_t pages = (S + kPage - 1) / kPage, blocks = pages + 1;
-  Rng rng(21);
-  Buf mla(static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes));
-  Buf idx(static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes));
-  Buf bt(static_cast<size_t>(pages * 4)), cs(static_cast<size_t>(S * 64 * 4)), ws(static_cast<size_t>(plan.workspace_bytes));
-  StepInputs in(step, g);
-  const std::vector<int32_t> perm = shuffled_pages(blocks, rng);
+  Filler fill(o, pools, 21);
+  Mem mla(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes));
+  Mem idx(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes));
+  Mem bt(o.cpu, static_cast<size_t>(pages * 4)), cs(o.cpu, static_cast<size_t>(S * 64 * 4));
+  Mem ws(o.cpu, static_cast<size_t>(plan.workspace_bytes));
+  StepInputs in(o.cpu, step, g);
+  const std::vector<int32_t> perm = shuffled_pages(blocks, fill.rng);
   const std::vector<float> rope = rope_table(S);
-  bool ok = mla.ok() && idx.ok() && ws.ok() && in.ok() && upload(bt, perm.data(), static_cast<size_t>(pages * 4)) &&
-            upload(cs, rope.data(), rope.size() * 4) && in.fill_all(pools, rng) &&
-            pools.bf16.fill(mla.get(), mla.bytes(), rng) && pools.e4m3.fill(idx.get(), idx.bytes(), rng);
-  if (!ok) { r.error = fail_alloc(); return r; }
+  // The caches get random contents too (every slot a step reads it has written first).
+  bool ok = mla.ok() && idx.ok() && ws.ok() && in.ok() && fill.upload(bt, perm.data(), static_cast<size_t>(pages * 4)) &&
+            fill.upload(cs, rope.data(), rope.size() * 4) && in.fill_all(fill) && fill.bf16(mla) &&
+            fill.indexer_cache(idx, blocks, kPage);
+  if (!ok) { r.error = kAllocFailed; return r; }
   dsa::MlaCacheDesc mdesc;
   mdesc.data = mla.get(); mdesc.dtype = dsa::MlaCacheDtype::kBF16; mdesc.num_blocks = blocks; mdesc.page_size = kPage; mdesc.device = d;
   dsa::IndexerCacheDesc idesc;
   idesc.data = idx.get(); idesc.num_blocks = blocks; idesc.page_size = kPage; idesc.device = d;
 
-  cudaEvent_t ev[2];
-  cudaEventCreate(&ev[0]);
-  cudaEventCreate(&ev[1]);
+  Timer timer(o);
   std::vector<double> ms(static_cast<size_t>(nsteps), 0);
   std::vector<dsa::StepReport> reps(static_cast<size_t>(nsteps));
   // Pass 0 warms up (skipped with --warmup 0), pass 1 is timed, pass 2 records the stages.
@@ -235,25 +418,19 @@ Result bench_layer_prefill(const Options& o, const Pools& pools, const std::stri
     for (int64_t i = 0; i < nsteps && ok; ++i) {
       const int64_t s0 = i * step, n = std::min(step, S - s0);
       int32_t ql = static_cast<int32_t>(n), kl = static_cast<int32_t>(s0 + n);
-      if (!in.refresh_tokens(pools, rng)) { r.error = fail_alloc(); ok = false; break; }
+      if (!in.refresh_tokens(fill)) { r.error = kAllocFailed; ok = false; break; }
       dsa::StepParams p = step_params(g, in, n, 1, &ql, &kl, bt, pages, cs, S, mdesc, idesc, ws, d);
       p.time_stages = pass == 2;
-      cudaEventRecord(ev[0]);
+      timer.start();
       st = attn->step(p, pass == 2 ? &reps[static_cast<size_t>(i)] : nullptr);
-      cudaEventRecord(ev[1]);
+      timer.stop();
       if (!st.ok()) { r.error = "step " + std::to_string(i) + ": " + st.to_string(); ok = false; break; }
-      if (pass == 1) {
-        const cudaError_t e = cudaEventSynchronize(ev[1]);
-        if (e != cudaSuccess) { r.error = std::string("device error: ") + cudaGetErrorString(e); ok = false; break; }
-        ms[static_cast<size_t>(i)] = elapsed(ev[0], ev[1]);
-      }
+      if (pass == 1 && !timer.ms(&ms[static_cast<size_t>(i)], &r.error)) { ok = false; break; }
       if (i == nsteps - 1) r.kernel = dsa::last_kernel_name();
     }
-    const cudaError_t e = cudaDeviceSynchronize();
-    if (ok && e != cudaSuccess) { r.error = std::string("device error: ") + cudaGetErrorString(e); ok = false; }
+    const std::string e = sync(o);
+    if (ok && !e.empty()) { r.error = e; ok = false; }
   }
-  cudaEventDestroy(ev[0]);
-  cudaEventDestroy(ev[1]);
   if (!ok) return r;
 
   Stages total;
@@ -281,13 +458,15 @@ Result bench_layer_prefill(const Options& o, const Pools& pools, const std::stri
   r.ms_min = r.ms;
   r.json_extra = ", \"gpu_timed\": " + std::string(total.gpu ? "true" : "false") + ", \"stages\": " + total.json() +
                  ", \"steps\": [" + steps_json + "]" + ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes);
-  r.text_extra = std::string("    ") + (total.gpu ? "gpu stage ms, summed over the steps: " : std::string(kNotMeasured) + "\n    host ms: ") +
+  r.text_extra = std::string("    ") +
+                 (o.cpu ? std::string("cpu stage ms, summed over the steps: ")
+                        : total.gpu ? std::string("gpu stage ms, summed over the steps: ") : std::string(kNotMeasured) + "\n    host ms: ") +
                  total.text() + "\n" + r.text_extra;
   r.ok = true;
   return r;
 }
 
-Result bench_layer_decode(const Options& o, const Pools& pools, const std::string& preset, int64_t B, int64_t next_n,
+Result bench_layer_decode(const Options& o, const Pools* pools, const std::string& preset, int64_t B, int64_t next_n,
                           int64_t ctx) {
   Result r;
   r.op = "layer_decode";
@@ -309,41 +488,53 @@ Result bench_layer_decode(const Options& o, const Pools& pools, const std::strin
   dsa::Plan plan;
   std::unique_ptr<dsa::Attention> attn;
   if (!make_plan_for(o, g, T, B, ctx, next_n, dsa::kDefaultScoreBudgetBytes, &plan, &attn, &r.error)) return r;
-  const dsa::Device d = dev0(o);
+  const dsa::Device d = layer_device(o);
   const int64_t per_seq = (ctx + kPage - 1) / kPage, blocks = B * per_seq + 1;
-  Rng rng(22);
-  Buf mla(static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes));
-  Buf idx(static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes));
-  Buf bt(static_cast<size_t>(B * per_seq * 4)), cs(static_cast<size_t>(ctx * 64 * 4)), ws(static_cast<size_t>(plan.workspace_bytes));
-  const std::vector<int32_t> perm = shuffled_pages(blocks, rng);
+  Filler fill(o, pools, 22);
+  Mem mla(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes));
+  Mem idx(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes));
+  Mem bt(o.cpu, static_cast<size_t>(B * per_seq * 4)), cs(o.cpu, static_cast<size_t>(ctx * 64 * 4));
+  Mem ws(o.cpu, static_cast<size_t>(plan.workspace_bytes));
+  const std::vector<int32_t> perm = shuffled_pages(blocks, fill.rng);
   const std::vector<float> rope = rope_table(ctx);
-  bool ok = mla.ok() && idx.ok() && ws.ok() && upload(bt, perm.data(), static_cast<size_t>(B * per_seq * 4)) &&
-            upload(cs, rope.data(), rope.size() * 4) && pools.bf16.fill(mla.get(), mla.bytes(), rng) &&
-            pools.e4m3.fill(idx.get(), idx.bytes(), rng);
-  // The indexer pages' scale parts ([64 x 128 e4m3][64 x f32] per page) get powers of two.
-  const size_t page_bytes = static_cast<size_t>(kPage * dsa::kIndexerTokenBytes), scale_bytes = kPage * 4;
-  const size_t rows_per_copy = pools.pow2.bytes() / scale_bytes;
-  for (int64_t b0 = 0; ok && b0 < blocks; b0 += static_cast<int64_t>(rows_per_copy)) {
-    const size_t nb = std::min<size_t>(rows_per_copy, static_cast<size_t>(blocks - b0));
-    ok = cudaMemcpy2DAsync(idx.as<uint8_t>() + static_cast<size_t>(b0) * page_bytes + kPage * 128, page_bytes,
-                           pools.pow2.data(), scale_bytes, scale_bytes, nb, cudaMemcpyDeviceToDevice) == cudaSuccess;
-  }
-  std::vector<StepInputs> sets;
+  // The cached tokens: random latents, random indexer keys with power-of-two scales.
+  bool ok = mla.ok() && idx.ok() && ws.ok() && fill.upload(bt, perm.data(), static_cast<size_t>(B * per_seq * 4)) &&
+            fill.upload(cs, rope.data(), rope.size() * 4) && fill.bf16(mla) && fill.indexer_cache(idx, blocks, kPage);
+  std::vector<std::unique_ptr<StepInputs>> sets;
   for (int s = 0; s < 2 && ok; ++s) {
-    sets.emplace_back(T, g);
-    ok = sets.back().ok() && sets.back().fill_all(pools, rng);
+    sets.push_back(std::make_unique<StepInputs>(o.cpu, T, g));
+    ok = sets.back()->ok() && sets.back()->fill_all(fill);
   }
-  if (!ok || cudaDeviceSynchronize() != cudaSuccess) { r.error = fail_alloc(); return r; }
+  if (!ok || !sync(o).empty()) { r.error = kAllocFailed; return r; }
   dsa::MlaCacheDesc mdesc;
   mdesc.data = mla.get(); mdesc.dtype = dsa::MlaCacheDtype::kBF16; mdesc.num_blocks = blocks; mdesc.page_size = kPage; mdesc.device = d;
   dsa::IndexerCacheDesc idesc;
   idesc.data = idx.get(); idesc.num_blocks = blocks; idesc.page_size = kPage; idesc.device = d;
   std::vector<int32_t> ql(static_cast<size_t>(B), static_cast<int32_t>(next_n)), kl(static_cast<size_t>(B), static_cast<int32_t>(ctx));
   auto params = [&](int s) {
-    return step_params(g, sets[static_cast<size_t>(s)], T, B, ql.data(), kl.data(), bt, per_seq, cs, ctx, mdesc, idesc, ws, d);
+    return step_params(g, *sets[static_cast<size_t>(s)], T, B, ql.data(), kl.data(), bt, per_seq, cs, ctx, mdesc, idesc, ws, d);
   };
-  time_op(o, 2, [&](int s) { return attn->step(params(s), nullptr); }, &r);
-  if (!r.ok) return r;
+  // warmup + iters steps, two input sets rotated; the median of the timed ones.
+  Timer timer(o);
+  std::vector<double> ms;
+  for (int i = 0; i < o.warmup + o.iters; ++i) {
+    timer.start();
+    st = attn->step(params(i % 2), nullptr);
+    timer.stop();
+    if (!st.ok()) { r.error = st.to_string(); return r; }
+    if (i == 0) r.kernel = dsa::last_kernel_name();
+    double t = 0;
+    if (i >= o.warmup) {
+      if (!timer.ms(&t, &r.error)) return r;
+      ms.push_back(t);
+    }
+  }
+  const std::string e = sync(o);
+  if (!e.empty()) { r.error = e; return r; }
+  std::sort(ms.begin(), ms.end());
+  r.ms = ms[ms.size() / 2];
+  r.ms_min = ms.front();
+  r.ok = true;
   // The stage split: the mean over a second series of steps with time_stages.
   Stages mean;
   const int n = std::max(1, o.iters);
@@ -355,14 +546,14 @@ Result bench_layer_decode(const Options& o, const Pools& pools, const std::strin
     if (!st.ok()) { r.ok = false; r.error = "stage series: " + st.to_string(); return r; }
     mean.add(rep, 1.0 / n);
   }
-  if (cudaDeviceSynchronize() != cudaSuccess) { r.ok = false; r.error = "device error in the stage series"; return r; }
+  if (!sync(o).empty()) { r.ok = false; r.error = "stage series: " + sync(o); return r; }
   r.json_extra = ", \"gpu_timed\": " + std::string(mean.gpu ? "true" : "false") + ", \"stages\": " + mean.json() +
                  ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes);
-  r.text_extra = std::string("    ") + (mean.gpu ? "gpu stage ms, mean per step: " : std::string(kNotMeasured) + "\n    host ms: ") +
+  r.text_extra = std::string("    ") +
+                 (o.cpu ? std::string("cpu stage ms, mean per step: ")
+                        : mean.gpu ? std::string("gpu stage ms, mean per step: ") : std::string(kNotMeasured) + "\n    host ms: ") +
                  mean.text() + "\n";
   return r;
 }
 
 }  // namespace dsa_bench
-
-#endif  // DSA_WITH_CUDA

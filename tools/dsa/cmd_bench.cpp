@@ -45,6 +45,11 @@ void usage(FILE* f) {
                "  --warmup N         untimed runs per shape (default 3; quick 2)\n"
                "  --iters N          timed runs per shape, median reported (default 30; quick 10)\n"
                "  --device N         CUDA device (default 0)\n"
+               "  --backend cpu|cuda cuda (default), or cpu: only the layer benchmarks, on the CPU backend\n"
+               "                     (host times; give small sizes with --prefill / --decode)\n"
+               "  --preset NAME      layer benchmarks of this preset only (default glm-5 and deepseek-v3.2)\n"
+               "  --prefill S,STEP   layer_prefill of S tokens in steps of STEP instead of the default shape\n"
+               "  --decode B,N,CTX   layer_decode of B sequences, next_n N, CTX cached tokens each\n"
                "  --bf16-tflops X    bf16 tensor-core ceiling for floors (default %.0f)\n"
                "  --fp8-tflops X     fp8 tensor-core ceiling (default %.0f)\n"
                "  --copy-tbs X       memory bandwidth ceiling in TB/s (default %.2f)\n"
@@ -96,6 +101,38 @@ bool parse(int argc, char** argv, Options* o) {
       if (a == "--warmup") { o->warmup = n; warm_set = true; }
       else if (a == "--iters") { o->iters = n; iters_set = true; }
       else o->device = n;
+    } else if (a == "--backend") {
+      const char* v = value("--backend");
+      if (!v) return false;
+      const std::string b = v;
+      if (b != "cpu" && b != "cuda") {
+        std::fprintf(stderr, "dsa bench: --backend: expected cpu or cuda, got '%s'\n", v);
+        return false;
+      }
+      o->cpu = b == "cpu";
+    } else if (a == "--preset") {
+      const char* v = value("--preset");
+      if (!v) return false;
+      dsa::ModelGeometry g;
+      if (!dsa::geometry_preset(v, &g).ok()) {
+        std::fprintf(stderr, "dsa bench: --preset: unknown preset '%s'\n", v);
+        return false;
+      }
+      o->preset = v;
+    } else if (a == "--prefill" || a == "--decode") {
+      const char* v = value(a.c_str());
+      if (!v) return false;
+      long long x[3] = {0, 0, 0};
+      const int want = a == "--prefill" ? 2 : 3;
+      const int got = want == 2 ? std::sscanf(v, "%lld,%lld", &x[0], &x[1]) : std::sscanf(v, "%lld,%lld,%lld", &x[0], &x[1], &x[2]);
+      bool good = got == want && x[0] > 0 && x[1] > 0 && (want == 2 || x[2] >= x[1]);
+      if (!good) {
+        std::fprintf(stderr, "dsa bench: %s: expected %s of positive integers, got '%s'\n", a.c_str(),
+                     want == 2 ? "S,STEP" : "B,NEXT_N,CTX (CTX >= NEXT_N)", v);
+        return false;
+      }
+      if (want == 2) { o->prefill_S = x[0]; o->prefill_step = x[1]; }
+      else { o->decode_B = x[0]; o->decode_next_n = x[1]; o->decode_ctx = x[2]; }
     } else if (a == "--bf16-tflops" || a == "--fp8-tflops" || a == "--copy-tbs") {
       const char* v = value(a.c_str());
       if (!v) return false;
@@ -133,6 +170,140 @@ bool ops_known(const Options& o) {
   return true;
 }
 
+bool selected(const Options& o, const char* op) {
+  return o.ops.empty() || std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end();
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) { o += ' '; continue; }
+    o += c;
+  }
+  return o;
+}
+
+
+// One benchmark: runs it with the device's random pools (null on the CPU).
+using Case = std::function<Result(const Pools*)>;
+
+// The layer benchmarks: the default shapes (their strings join with the anchors'), or the sizes
+// of --prefill / --decode and --preset.
+void add_layer_cases(const Options& o, std::vector<Case>* cases) {
+  const std::vector<std::string> presets =
+      o.preset.empty() ? std::vector<std::string>{"glm-5", "deepseek-v3.2"} : std::vector<std::string>{o.preset};
+  if (selected(o, "layer_prefill")) {
+    const int64_t S = o.prefill_S ? o.prefill_S : o.quick ? 16384 : 131072;
+    const int64_t step = o.prefill_step ? o.prefill_step : o.quick ? 4096 : 8192;
+    for (const std::string& preset : presets)
+      cases->push_back([&o, preset, S, step](const Pools* pp) {
+        return bench_layer_prefill(o, pp, preset, S, step, dsa::kDefaultScoreBudgetBytes);
+      });
+  }
+  if (selected(o, "layer_decode")) {
+    if (o.decode_B) {
+      for (const std::string& preset : presets)
+        cases->push_back([&o, preset](const Pools* pp) {
+          return bench_layer_decode(o, pp, preset, o.decode_B, o.decode_next_n, o.decode_ctx);
+        });
+    } else {
+      if (o.preset.empty() || o.preset == "glm-5")
+        cases->push_back([&o](const Pools* pp) { return bench_layer_decode(o, pp, "glm-5", 64, 2, o.quick ? 8192 : 32768); });
+      if ((o.preset.empty() && !o.quick) || o.preset == "deepseek-v3.2")
+        cases->push_back([&o](const Pools* pp) { return bench_layer_decode(o, pp, "deepseek-v3.2", 128, 1, 8192); });
+    }
+  }
+}
+
+// Runs the cases, prints the table (unless JSON goes to stdout) and writes the JSON.
+int run_cases(const Options& o, const std::string& device, int units, const std::vector<Case>& cases, const Pools* pools) {
+  std::vector<Result> results;
+  bool all_ok = true;
+  const bool table = !o.json || !o.json_path.empty();  // JSON to a file: the table still prints
+  if (table) {
+    std::printf("dsa bench on %s (%d %s); ceilings bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s, memory %.2f TB/s\n",
+                device.c_str(), units, o.cpu ? "threads" : "SMs", o.bf16_tflops, o.fp8_tflops, o.copy_tbs);
+    std::printf("%-20s %-46s %10s %9s %9s %10s %8s %8s  %s\n", "op", "shape", "ms", "TFLOP/s", "GB/s", "floor ms",
+                "x floor", "bound", "kernel");
+  }
+  for (const auto& c : cases) {
+    Result r = c(pools);
+    set_floor(o, &r);
+    all_ok = all_ok && r.ok;
+    if (table) {
+      if (r.ok) {
+        std::printf("%-20s %-46s %10.4f %9.1f %9.0f %10.4f %8.2f %8s  %s\n", r.op.c_str(), r.shape.c_str(), r.ms,
+                    r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6), r.floor_ms, r.ms / r.floor_ms, r.bound,
+                    r.kernel.empty() ? "-" : r.kernel.c_str());
+        if (!r.text_extra.empty()) std::fputs(r.text_extra.c_str(), stdout);
+      } else {
+        std::printf("%-20s %-46s FAILED: %s\n", r.op.c_str(), r.shape.c_str(), r.error.c_str());
+      }
+      std::fflush(stdout);
+    }
+    results.push_back(r);
+  }
+
+  if (o.json) {
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::string js = "{\n  \"tool\": \"dsa bench\",\n  \"version\": \"" + std::string(dsa::version()) +
+                     "\",\n  \"backend\": \"" + (o.cpu ? "cpu" : "cuda") + "\",\n  \"device\": \"" + json_escape(device) + "\",\n  \"date\": \"" + date +
+                     "\",\n  \"ceilings\": {\"bf16_tflops\": " + std::to_string(o.bf16_tflops) +
+                     ", \"fp8_tflops\": " + std::to_string(o.fp8_tflops) + ", \"copy_tbs\": " + std::to_string(o.copy_tbs) +
+                     "},\n  \"results\": [\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      char buf[512];
+      if (r.ok) {
+        std::snprintf(buf, sizeof(buf),
+                      "\"ok\": true, \"ms\": %.6f, \"ms_min\": %.6f, \"flops\": %.6g, \"bytes\": %.6g, \"tflops\": %.3f, "
+                      "\"gbs\": %.1f, \"floor_ms\": %.6f, \"floor_ratio\": %.3f, \"bound\": \"%s\"",
+                      r.ms, r.ms_min, r.work.flops, r.work.bytes, r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6),
+                      r.floor_ms, r.ms / r.floor_ms, r.bound);
+      } else {
+        std::snprintf(buf, sizeof(buf), "\"ok\": false, \"floor_ms\": %.6f", r.floor_ms);
+      }
+      js += "    {\"op\": \"" + r.op + "\", \"shape\": \"" + r.shape + "\", \"kernel\": \"" + json_escape(r.kernel) + "\", " + buf;
+      if (r.ok) js += r.json_extra;
+      if (!r.ok) js += ", \"error\": \"" + json_escape(r.error) + "\"";
+      js += i + 1 < results.size() ? "},\n" : "}\n";
+    }
+    js += "  ]\n}\n";
+    if (o.json_path.empty()) {
+      std::fputs(js.c_str(), stdout);
+    } else {
+      FILE* f = std::fopen(o.json_path.c_str(), "w");
+      if (!f) {
+        std::fprintf(stderr, "dsa bench: --json: cannot write '%s'\n", o.json_path.c_str());
+        return 2;
+      }
+      std::fputs(js.c_str(), f);
+      std::fclose(f);
+    }
+  }
+  return all_ok ? 0 : 1;
+}
+
+
+// --backend cpu: the layer benchmarks on the CPU backend.
+int run_cpu(const Options& o) {
+  for (const auto& name : o.ops)
+    if (name != "layer_prefill" && name != "layer_decode") {
+      std::fprintf(stderr, "dsa bench: --backend cpu: only layer_prefill and layer_decode run on the CPU, got '%s'\n",
+                   name.c_str());
+      return 2;
+    }
+  Options oc = o;
+  if (oc.ops.empty()) oc.ops = {"layer_prefill", "layer_decode"};
+  std::vector<Case> cases;
+  add_layer_cases(oc, &cases);
+  const auto devs = dsa::list_devices();
+  return run_cases(oc, devs.empty() ? "CPU" : devs[0].name, dsa::num_threads(), cases, nullptr);
+}
+
 }  // namespace
 
 #if !defined(DSA_WITH_CUDA)
@@ -140,7 +311,8 @@ bool ops_known(const Options& o) {
 int cmd_bench(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, &o) || !ops_known(o)) return 2;
-  std::fprintf(stderr, "dsa bench: this build has no CUDA backend (configure with -DDSA_CUDA=ON)\n");
+  if (o.cpu) return run_cpu(o);
+  std::fprintf(stderr, "dsa bench: this build has no CUDA backend (configure with -DDSA_CUDA=ON; --backend cpu runs the layer benchmarks)\n");
   return kNoDevice;
 }
 
@@ -433,25 +605,12 @@ Result bench_dense(const Options& o, const Pools& pools, const char* op, const s
   return r;
 }
 
-bool selected(const Options& o, const char* op) {
-  return o.ops.empty() || std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end();
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) { o += ' '; continue; }
-    o += c;
-  }
-  return o;
-}
-
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, &o) || !ops_known(o)) return 2;
+  if (o.cpu) return run_cpu(o);
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     cudaGetLastError();
@@ -465,12 +624,12 @@ int cmd_bench(int argc, char** argv) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, o.device);
 
-  std::vector<std::function<Result(const Pools&)>> cases;
+  std::vector<Case> cases;
   if (selected(o, "indexer_logits")) {
     const std::vector<int64_t> Ns = o.quick ? std::vector<int64_t>{32768} : std::vector<int64_t>{32768, 65536, 131072};
     const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{64} : std::vector<int64_t>{32, 64};
     for (int64_t N : Ns)
-      for (int64_t H : Hs) cases.push_back([&o, N, H](const Pools& p) { return bench_indexer_logits(o, p, 4096, N, H); });
+      for (int64_t H : Hs) cases.push_back([&o, N, H](const Pools* pp) { const Pools& p = *pp; return bench_indexer_logits(o, p, 4096, N, H); });
   }
   if (selected(o, "indexer_logits_paged")) {
     // The anchors' order: H, then ctx, then next_n.
@@ -480,19 +639,19 @@ int cmd_bench(int argc, char** argv) {
     for (int64_t H : Hs)
       for (int64_t ctx : ctxs)
         for (int64_t nn : nns)
-          cases.push_back([&o, H, ctx, nn](const Pools& p) { return bench_indexer_paged(o, p, 64, nn, H, ctx); });
+          cases.push_back([&o, H, ctx, nn](const Pools* pp) { const Pools& p = *pp; return bench_indexer_paged(o, p, 64, nn, H, ctx); });
   }
   if (selected(o, "topk")) {
-    cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 64, 65536, 2048); });
+    cases.push_back([&o](const Pools* pp) { const Pools& p = *pp; return bench_topk(o, p, 64, 65536, 2048); });
     if (!o.quick) {
-      cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 4096, 131072, 2048); });
-      cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 64, 1048576, 2048); });
+      cases.push_back([&o](const Pools* pp) { const Pools& p = *pp; return bench_topk(o, p, 4096, 131072, 2048); });
+      cases.push_back([&o](const Pools* pp) { const Pools& p = *pp; return bench_topk(o, p, 64, 1048576, 2048); });
     }
   }
   if (selected(o, "sparse_mla_prefill")) {
     const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{16, 128} : std::vector<int64_t>{16, 32, 64, 128};
     for (int64_t H : Hs)
-      cases.push_back([&o, H](const Pools& p) {
+      cases.push_back([&o, H](const Pools* pp) { const Pools& p = *pp;
         return bench_sparse(o, p, "sparse_mla_prefill", "T=4096 H=" + std::to_string(H) + " K=2048 ctx=32768 kv=bf16", 1,
                             32768, 4096, H, 2048, false);
       });
@@ -503,7 +662,7 @@ int cmd_bench(int argc, char** argv) {
       const std::vector<int64_t> Hs = !o.quick ? std::vector<int64_t>{16, 32, 64, 128}
                                                : std::vector<int64_t>{fp8 ? int64_t{128} : int64_t{16}};
       for (int64_t H : Hs)
-        cases.push_back([&o, H, fp8](const Pools& p) {
+        cases.push_back([&o, H, fp8](const Pools* pp) { const Pools& p = *pp;
           return bench_sparse(o, p, "sparse_mla_decode",
                               "B=128 next_n=2 H=" + std::to_string(H) + " K=2048 ctx=8192 kv=" + (fp8 ? "fp8" : "bf16"), 128,
                               8192, 2, H, 2048, fp8);
@@ -511,104 +670,26 @@ int cmd_bench(int argc, char** argv) {
     }
   }
   if (selected(o, "dense_mla_decode")) {
-    cases.push_back([&o](const Pools& p) {
+    cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
       return bench_dense(o, p, "dense_mla_decode", "B=128 next_n=1 ctx=2048 H=128 kv=bf16", 128, 1, 2048, 128, false);
     });
-    cases.push_back([&o](const Pools& p) {
+    cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
       return bench_dense(o, p, "dense_mla_decode", "B=64 next_n=1 ctx=8192 H=128 kv=bf16", 64, 1, 8192, 128, false);
     });
     if (!o.quick) {
-      cases.push_back([&o](const Pools& p) {
+      cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
         return bench_dense(o, p, "dense_mla_decode", "B=1 next_n=1 ctx=131072 H=128 kv=bf16", 1, 1, 131072, 128, false);
       });
     }
   }
   if (selected(o, "dense_mla_prefill")) {
-    cases.push_back([&o](const Pools& p) {
+    cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
       return bench_dense(o, p, "dense_mla_prefill", "B=4 len=2048 H=128 kv=bf16", 4, 2048, 2048, 128, false);
     });
   }
-  if (selected(o, "layer_prefill")) {
-    const int64_t S = o.quick ? 16384 : 131072, step = o.quick ? 4096 : 8192;
-    for (const char* preset : {"glm-5", "deepseek-v3.2"})
-      cases.push_back([&o, preset, S, step](const Pools& p) {
-        return bench_layer_prefill(o, p, preset, S, step, dsa::kDefaultScoreBudgetBytes);
-      });
-  }
-  if (selected(o, "layer_decode")) {
-    cases.push_back([&o](const Pools& p) { return bench_layer_decode(o, p, "glm-5", 64, 2, o.quick ? 8192 : 32768); });
-    if (!o.quick)
-      cases.push_back([&o](const Pools& p) { return bench_layer_decode(o, p, "deepseek-v3.2", 128, 1, 8192); });
-  }
-
+  add_layer_cases(o, &cases);
   const Pools pools;
-  std::vector<Result> results;
-  bool all_ok = true;
-  const bool table = !o.json || !o.json_path.empty();  // JSON to a file: the table still prints
-  if (table) {
-    std::printf("dsa bench on %s (%d SMs); ceilings bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s, memory %.2f TB/s\n",
-                prop.name, prop.multiProcessorCount, o.bf16_tflops, o.fp8_tflops, o.copy_tbs);
-    std::printf("%-20s %-46s %10s %9s %9s %10s %8s %8s  %s\n", "op", "shape", "ms", "TFLOP/s", "GB/s", "floor ms",
-                "x floor", "bound", "kernel");
-  }
-  for (const auto& c : cases) {
-    Result r = c(pools);
-    set_floor(o, &r);
-    all_ok = all_ok && r.ok;
-    if (table) {
-      if (r.ok) {
-        std::printf("%-20s %-46s %10.4f %9.1f %9.0f %10.4f %8.2f %8s  %s\n", r.op.c_str(), r.shape.c_str(), r.ms,
-                    r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6), r.floor_ms, r.ms / r.floor_ms, r.bound,
-                    r.kernel.empty() ? "-" : r.kernel.c_str());
-        if (!r.text_extra.empty()) std::fputs(r.text_extra.c_str(), stdout);
-      } else {
-        std::printf("%-20s %-46s FAILED: %s\n", r.op.c_str(), r.shape.c_str(), r.error.c_str());
-      }
-      std::fflush(stdout);
-    }
-    results.push_back(r);
-  }
-
-  if (o.json) {
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::string js = "{\n  \"tool\": \"dsa bench\",\n  \"version\": \"" + std::string(dsa::version()) +
-                     "\",\n  \"device\": \"" + json_escape(prop.name) + "\",\n  \"date\": \"" + date +
-                     "\",\n  \"ceilings\": {\"bf16_tflops\": " + std::to_string(o.bf16_tflops) +
-                     ", \"fp8_tflops\": " + std::to_string(o.fp8_tflops) + ", \"copy_tbs\": " + std::to_string(o.copy_tbs) +
-                     "},\n  \"results\": [\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      char buf[512];
-      if (r.ok) {
-        std::snprintf(buf, sizeof(buf),
-                      "\"ok\": true, \"ms\": %.6f, \"ms_min\": %.6f, \"flops\": %.6g, \"bytes\": %.6g, \"tflops\": %.3f, "
-                      "\"gbs\": %.1f, \"floor_ms\": %.6f, \"floor_ratio\": %.3f, \"bound\": \"%s\"",
-                      r.ms, r.ms_min, r.work.flops, r.work.bytes, r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6),
-                      r.floor_ms, r.ms / r.floor_ms, r.bound);
-      } else {
-        std::snprintf(buf, sizeof(buf), "\"ok\": false, \"floor_ms\": %.6f", r.floor_ms);
-      }
-      js += "    {\"op\": \"" + r.op + "\", \"shape\": \"" + r.shape + "\", \"kernel\": \"" + json_escape(r.kernel) + "\", " + buf;
-      if (r.ok) js += r.json_extra;
-      if (!r.ok) js += ", \"error\": \"" + json_escape(r.error) + "\"";
-      js += i + 1 < results.size() ? "},\n" : "}\n";
-    }
-    js += "  ]\n}\n";
-    if (o.json_path.empty()) {
-      std::fputs(js.c_str(), stdout);
-    } else {
-      FILE* f = std::fopen(o.json_path.c_str(), "w");
-      if (!f) {
-        std::fprintf(stderr, "dsa bench: --json: cannot write '%s'\n", o.json_path.c_str());
-        return 2;
-      }
-      std::fputs(js.c_str(), f);
-      std::fclose(f);
-    }
-  }
-  return all_ok ? 0 : 1;
+  return run_cases(o, prop.name, prop.multiProcessorCount, cases, &pools);
 }
 
 #endif  // DSA_WITH_CUDA
