@@ -113,7 +113,7 @@ struct Filler {
   // power-of-two scales.
   bool indexer_cache(const Mem& m, int64_t blocks, int64_t page) {
     if (!e4m3(m)) return false;
-    const size_t page_bytes = static_cast<size_t>(page * dsa::kIndexerTokenBytes), scale_bytes = static_cast<size_t>(page * 4);
+    const size_t page_bytes = static_cast<size_t>(page * dsa::kIndexerTokenBytes);
     if (o.cpu) {
       for (int64_t b = 0; b < blocks; ++b) {
         float* sc = reinterpret_cast<float*>(m.as<uint8_t>() + static_cast<size_t>(b) * page_bytes + page * 128);
@@ -122,6 +122,7 @@ struct Filler {
       return true;
     }
 #if defined(DSA_WITH_CUDA)
+    const size_t scale_bytes = static_cast<size_t>(page * 4);
     const size_t rows_per_copy = pools->pow2.bytes() / scale_bytes;
     for (int64_t b0 = 0; b0 < blocks; b0 += static_cast<int64_t>(rows_per_copy)) {
       const size_t nb = std::min<size_t>(rows_per_copy, static_cast<size_t>(blocks - b0));
