@@ -175,10 +175,10 @@ fi
 # ---- short benchmarks -------------------------------------------------------------------
 if [ -x "$BUILD/tools/dsa" ]; then
   # With the anchors: the full shapes (what they time), unless DSA_BENCH_ARGS says otherwise.
-  BENCH_DEFAULT=--quick
-  [ "$ANCHORS" = 1 ] && BENCH_DEFAULT=" "
+  BENCH_DEFAULT=--quick BENCH_CAP=150
+  [ "$ANCHORS" = 1 ] && BENCH_DEFAULT=" " && BENCH_CAP=240
   # shellcheck disable=SC2086
-  step dsa_bench 150 "$BUILD/tools/dsa" bench ${DSA_BENCH_ARGS:-$BENCH_DEFAULT} --json "$OUT/dsa_bench.json"
+  step dsa_bench "$BENCH_CAP" "$BUILD/tools/dsa" bench ${DSA_BENCH_ARGS:-$BENCH_DEFAULT} --json "$OUT/dsa_bench.json"
 else
   skip dsa_bench "tools/dsa not built"
 fi
