@@ -39,7 +39,7 @@ static_assert(kSmemBytes <= 232448, "fits the 227 KiB opt-in");
 
 // Scheduling: one persistent CTA per SM walks a contiguous range of (row block, key tile)
 // positions; a row block cut by a range boundary leaves partials in slots 2g / 2g + 1.
-constexpr int kSchedThreads = 1024;
+constexpr int kSchedThreads = 512;
 constexpr int kCombineThreads = 128;  // x 4 dims = 512
 constexpr int kCombineRows = 4;       // rows per combine block (grid.y = 64 / 4)
 

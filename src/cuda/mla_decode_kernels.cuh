@@ -180,66 +180,97 @@ __device__ __forceinline__ int64_t block_exclusive_scan(int64_t v, int64_t* tota
   return before;
 }
 
+__device__ __forceinline__ int32_t block_max(int32_t v, int32_t* s_max) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (lane == 0) s_max[warp] = v;
+  __syncthreads();
+  int32_t m = 0;
+  for (int w = 0; w < kSchedThreads / 32; ++w) m = max(m, s_max[w]);
+  __syncthreads();
+  return m;
+}
+
 // One CTA of kSchedThreads: row blocks, their tile prefix, and the CTA ranges.
+// Row-block order: local index major (all units' block 0, then all units' block 1, ...) when
+// units have at most kLocalMajorMax blocks, so that the blocks reading the same keys (the two
+// head halves of a token, the tokens of a sequence) run at the same time on different SMs
+// and the second read hits L2; unit major otherwise.
+constexpr int kLocalMajorMax = 16;
 template <bool kSparse>
 __global__ void __launch_bounds__(kSchedThreads) decode_schedule_kernel(const DecodeProblem p) {
   __shared__ int64_t s_warp[kSchedThreads / 32];
   __shared__ int32_t s_max[kSchedThreads / 32];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   const int U = p.units;
   const int per = (U + kSchedThreads - 1) / kSchedThreads;
   const int u0 = min(U, tid * per), u1 = min(U, u0 + per);
-  int64_t my_rbs = 0, my_tiles = 0;
-  int32_t my_max = 0;
+  int64_t my_rbs = 0;
+  int32_t my_max = 0, my_lmax = 0;
   for (int u = u0; u < u1; ++u) {
     const UnitInfo ui = unit_info<kSparse>(p, u);
     my_rbs += ui.rbs;
-    for (int i = 0; i < ui.rbs; ++i) {
-      const int32_t n = rb_tiles<kSparse>(p, ui, i);
-      my_tiles += n;
-      my_max = max(my_max, n);
-    }
+    my_lmax = max(my_lmax, ui.rbs);
+    for (int i = 0; i < ui.rbs; ++i) my_max = max(my_max, rb_tiles<kSparse>(p, ui, i));
   }
   int64_t R = 0, total = 0;
-  int64_t rb = block_exclusive_scan(my_rbs, &R, s_warp);
-  int64_t pos = block_exclusive_scan(my_tiles, &total, s_warp);
-  for (int u = u0; u < u1; ++u) {
-    const UnitInfo ui = unit_info<kSparse>(p, u);
-    for (int i = 0; i < ui.rbs; ++i, ++rb) {
-      if (rb >= p.max_rb) break;  // bad device lengths: rows past the workspace are not computed
-      p.rb_prefix[rb] = static_cast<int32_t>(pos);
-      p.rb_unit[rb] = u;
-      p.rb_local[rb] = i;
-      pos += rb_tiles<kSparse>(p, ui, i);
-    }
-  }
+  (void)block_exclusive_scan(my_rbs, &R, s_warp);
+  const int32_t max_n = block_max(my_max, s_max);
+  const int32_t lmax = block_max(my_lmax, s_max);
   if (R > p.max_rb) {
-    // Only reachable with lengths the host could not check; keep the prefix consistent.
-    R = p.max_rb;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) my_max = max(my_max, __shfl_xor_sync(0xffffffffu, my_max, o));
-  if (lane == 0) s_max[warp] = my_max;
-  __syncthreads();  // also orders the rb_prefix writes before the reads below
-  if (R == p.max_rb && tid == 0) {
-    // total = where the last stored row block ends
-    int64_t t = 0;
-    if (R > 0) {
-      const UnitInfo ui = unit_info<kSparse>(p, p.rb_unit[R - 1]);
-      t = p.rb_prefix[R - 1] + rb_tiles<kSparse>(p, ui, p.rb_local[R - 1]);
+    R = 0;  // only with device lengths the host could not check: compute nothing
+  } else if (lmax <= kLocalMajorMax) {
+    int64_t rb_base = 0, pos_base = 0;
+    for (int l = 0; l < lmax; ++l) {
+      int64_t cnt = 0, tiles = 0;
+      for (int u = u0; u < u1; ++u) {
+        const UnitInfo ui = unit_info<kSparse>(p, u);
+        if (ui.rbs > l) {
+          ++cnt;
+          tiles += rb_tiles<kSparse>(p, ui, l);
+        }
+      }
+      int64_t cnt_total = 0, tiles_total = 0;
+      int64_t rb = rb_base + block_exclusive_scan(cnt, &cnt_total, s_warp);
+      int64_t pos = pos_base + block_exclusive_scan(tiles, &tiles_total, s_warp);
+      for (int u = u0; u < u1; ++u) {
+        const UnitInfo ui = unit_info<kSparse>(p, u);
+        if (ui.rbs <= l) continue;
+        p.rb_prefix[rb] = static_cast<int32_t>(pos);
+        p.rb_unit[rb] = u;
+        p.rb_local[rb] = l;
+        pos += rb_tiles<kSparse>(p, ui, l);
+        ++rb;
+      }
+      rb_base += cnt_total;
+      pos_base += tiles_total;
     }
-    s_warp[0] = t < total ? t : total;
+    total = pos_base;
+  } else {
+    int64_t my_tiles = 0;
+    for (int u = u0; u < u1; ++u) {
+      const UnitInfo ui = unit_info<kSparse>(p, u);
+      for (int i = 0; i < ui.rbs; ++i) my_tiles += rb_tiles<kSparse>(p, ui, i);
+    }
+    int64_t rb = block_exclusive_scan(my_rbs, &R, s_warp);
+    int64_t pos = block_exclusive_scan(my_tiles, &total, s_warp);
+    for (int u = u0; u < u1; ++u) {
+      const UnitInfo ui = unit_info<kSparse>(p, u);
+      for (int i = 0; i < ui.rbs; ++i, ++rb) {
+        p.rb_prefix[rb] = static_cast<int32_t>(pos);
+        p.rb_unit[rb] = u;
+        p.rb_local[rb] = i;
+        pos += rb_tiles<kSparse>(p, ui, i);
+      }
+    }
   }
-  __syncthreads();
-  if (R == p.max_rb) total = s_warp[0];
-  int32_t max_n = 0;
-  for (int w = 0; w < kSchedThreads / 32; ++w) max_n = max(max_n, s_max[w]);
   if (tid == 0) {
     p.rb_prefix[R] = static_cast<int32_t>(total);
     p.meta[0] = static_cast<int32_t>(R);
     p.meta[1] = static_cast<int32_t>(total);
   }
-  __syncthreads();
+  __syncthreads();  // the row-block arrays are complete before the ranges read them
   const int64_t G = p.G;
   const int64_t chunk = total > 0 ? (total + G - 1) / G : 1;
   // Whole row blocks per CTA when none is much larger than a fair share (no partials);
