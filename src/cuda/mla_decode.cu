@@ -26,6 +26,10 @@ using mla_decode::DecodeProblem;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kAlign = 256;
 constexpr int64_t kMaxRowsPerSeq = 8;  // dense: average rows per sequence that count as decode
+// At most this many query tokens: the planner sizes attention workspace by querying row
+// counts up to 2048 (src/core/planner.cpp), and the metadata part of this kernel's need grows
+// with T; larger calls have enough row blocks for the mma.sync kernels' grid anyway.
+constexpr int64_t kMaxTokens = 2048;
 
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 bool aligned(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
@@ -151,7 +155,7 @@ bool dense_capable(const DenseMlaParams& p) {
   if (p.kv.flat.present() || !hopper::current_device_is_sm90a()) return false;
   const MlaCacheDesc& c = p.kv.paged;
   if (c.dtype == MlaCacheDtype::kBF16 && !page_ok_for_tma(c.page_size)) return false;
-  if (p.q.shape[0] < 1 || p.q.shape[1] < 1) return false;
+  if (p.q.shape[0] < 1 || p.q.shape[0] > kMaxTokens || p.q.shape[1] < 1) return false;
   const int64_t max_tiles = ceil_div(p.block_table.shape[1] * c.page_size, mla_decode::kTileKeys) + 1;
   return dense_max_rb(p) * max_tiles < (int64_t{1} << 30);
 }
@@ -196,7 +200,7 @@ StatusCode dense(const DenseMlaParams& p) {
 bool sparse_capable(const SparseMlaParams& p) {
   if (p.kv.flat.present() || p.kv.paged.dtype != MlaCacheDtype::kFP8) return false;
   if (!hopper::current_device_is_sm90a()) return false;
-  if (p.q.shape[0] < 1 || p.q.shape[1] < 1) return false;
+  if (p.q.shape[0] < 1 || p.q.shape[0] > kMaxTokens || p.q.shape[1] < 1) return false;
   const int64_t max_tiles = ceil_div(p.indices.shape[1], mla_decode::kTileKeys) + 1;
   return sparse_max_rb(p) * max_tiles < (int64_t{1} << 30);
 }
