@@ -592,7 +592,7 @@ int cmd_bench(int argc, char** argv) {
       });
   }
   if (selected(o, "sparse_mla_decode")) {
-    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{64, 128};
+    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{16, 32, 64, 128};
     for (int64_t H : Hs)
       cases.push_back([&o, H](const Pools& p) {
         return bench_sparse(o, p, "sparse_mla_decode", "B=128 next_n=2 H=" + std::to_string(H) + " K=2048 ctx=8192 kv=fp8",
@@ -603,10 +603,20 @@ int cmd_bench(int argc, char** argv) {
     cases.push_back([&o](const Pools& p) {
       return bench_dense(o, p, "dense_mla_decode", "B=128 next_n=1 ctx=2048 H=128 kv=bf16", 128, 1, 2048, 128, false);
     });
-    if (!o.quick)
+    if (!o.quick) {
+      cases.push_back([&o](const Pools& p) {
+        return bench_dense(o, p, "dense_mla_decode", "B=64 next_n=1 ctx=8192 H=128 kv=bf16", 64, 1, 8192, 128, false);
+      });
       cases.push_back([&o](const Pools& p) {
         return bench_dense(o, p, "dense_mla_decode", "B=1 next_n=1 ctx=131072 H=128 kv=bf16", 1, 1, 131072, 128, false);
       });
+      cases.push_back([&o](const Pools& p) {
+        return bench_dense(o, p, "dense_mla_decode", "B=128 next_n=1 ctx=2048 H=128 kv=fp8", 128, 1, 2048, 128, true);
+      });
+      cases.push_back([&o](const Pools& p) {
+        return bench_dense(o, p, "dense_mla_decode", "B=64 next_n=1 ctx=8192 H=128 kv=fp8", 64, 1, 8192, 128, true);
+      });
+    }
   }
   if (selected(o, "dense_mla_prefill")) {
     cases.push_back([&o](const Pools& p) {
