@@ -32,6 +32,10 @@ size_t sparse_mla_workspace_size(const SparseMlaParams& p);
 StatusCode sparse_mla(const SparseMlaParams& p);
 size_t dense_mla_workspace_size(const DenseMlaParams& p);
 StatusCode dense_mla(const DenseMlaParams& p);
+// The kernel a call takes (for benchmarks): "dense_mla.wgmma_splitkv", "dense_mla.wgmma_splitkv_fp8",
+// "sparse_mla.wgmma_fp8_splitkv" on sm_90a, else "*.mma_sync" (also with DSA_FORCE_KERNEL=mma_sync).
+const char* dense_mla_kernel_name(const DenseMlaParams& p);
+const char* sparse_mla_kernel_name(const SparseMlaParams& p);
 
 }  // namespace gpu
 }  // namespace dsa

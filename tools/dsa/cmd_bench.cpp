@@ -680,6 +680,12 @@ int cmd_bench(int argc, char** argv) {
       cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
         return bench_dense(o, p, "dense_mla_decode", "B=1 next_n=1 ctx=131072 H=128 kv=bf16", 1, 1, 131072, 128, false);
       });
+      cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
+        return bench_dense(o, p, "dense_mla_decode", "B=128 next_n=1 ctx=2048 H=128 kv=fp8", 128, 1, 2048, 128, true);
+      });
+      cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
+        return bench_dense(o, p, "dense_mla_decode", "B=64 next_n=1 ctx=8192 H=128 kv=fp8", 64, 1, 8192, 128, true);
+      });
     }
   }
   if (selected(o, "dense_mla_prefill")) {
