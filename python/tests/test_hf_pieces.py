@@ -209,7 +209,6 @@ def test_full_and_shared_layer_over_padded_prefill_and_decode():
     r = rng(7)
     lens0 = [100, 40]                      # seq 0 sparse (> topk), seq 1 dense
     steps = 3
-    n_max = max(lens0) + steps
     inv = 10000.0 ** (-np.arange(32) / 32.0)
     cos_sin = mm.cos_sin_from_inv_freq(inv, 256)
     seqs = [_Seq(r, n + steps, cos_sin) for n in lens0]
@@ -232,7 +231,6 @@ def test_full_and_shared_layer_over_padded_prefill_and_decode():
         tok = [(int(b), int(p)) for b, p in zip(c["seq"], c["pos"])]
         runner.begin(c["q_lens"], c["kv_lens"], c["block_table"], c["pos"])
         g = lambda name: np.stack([getattr(seqs[b], name)[p] for b, p in tok])  # noqa: E731
-        pos = c["pos"]
         q_pe = np.stack([_rot(seqs[b].q_pe_raw[p:p + 1], np.array([p]), cos_sin, "interleaved")[0]
                          for b, p in tok]).astype(np.float32)
         k_pe = np.stack([_rot(seqs[b].k_pe_raw[p:p + 1], np.array([p]), cos_sin, "interleaved")[0]

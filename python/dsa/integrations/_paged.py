@@ -97,6 +97,7 @@ class PagedKV:
         self.mla = [None] * len(self.roles)
         self.index = [None] * len(self.roles)
         self.broken = None  # set when a forward failed half-way (the caches no longer match lens)
+        self.inflight = False  # a forward admitted its tokens and has not finished
 
     @property
     def batch_size(self):
