@@ -394,7 +394,13 @@ class DsaModel:
             if past_key_values is not None:
                 # transformers' own bookkeeping of lengths (generate, masks): a 1-wide placeholder.
                 ph = hidden_states.new_zeros((B, 1, S, 1))
-                past_key_values.update(ph, ph, attn.layer_idx if hasattr(attn, "layer_idx") else i)
+                try:
+                    past_key_values.update(ph, ph, getattr(attn, "layer_idx", i))
+                except Exception as e:  # a cache layer that wants real keys
+                    ctx["kv"].broken = "the cache refused its placeholder"
+                    raise UnsupportedModelError("dsa: layer %d: %s.update refused the [B, 1, S, 1] placeholder that "
+                                                "counts tokens (%s: %s)" % (i, type(past_key_values).__name__,
+                                                                             type(e).__name__, e)) from e
         return out
 
 
