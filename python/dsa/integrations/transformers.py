@@ -545,16 +545,17 @@ def _sync(device):
 
 
 def demo(device=None, new_tokens=32, lens=(200, 150, 90), cache_dtype="bf16", families=("glm-5", "deepseek-v3.2"),
-         out=print):
-    """For each family: a small random model, greedy generate with transformers' eager attention
-    and with DSA (index_topk 64 < the prompts: the sparse path), the agreement and the times."""
+         topks=(64, 256), out=print):
+    """For each family and index_topk: a small random model, greedy generate with transformers'
+    eager attention and with DSA, the agreement and the times. index_topk 64 < the prompts: the
+    sparse path and the indexer run; 256 > them: the dense route."""
     torch = _torch()
     if device is None:
         import dsa
         device = "cuda" if (torch.cuda.is_available() and "cuda" in dsa.compiled_backends()) else "cpu"
     results = []
-    for fam in families:
-        model = tiny_model(fam, device=device, index_topk=64)
+    for fam, topk in [(f, k) for f in families for k in topks]:
+        model = tiny_model(fam, device=device, index_topk=topk)
         ids, mask = _prompts(model.config.vocab_size, list(lens), device)
         _generate(model, ids, mask, 2)  # warm-up
         _sync(device)
@@ -588,9 +589,10 @@ def demo(device=None, new_tokens=32, lens=(200, 150, 90), cache_dtype="bf16", fa
                  eager_generate_s=t_eager, dsa_generate_s=t_dsa, notes=owner.notes,
                  styles=dict(mla=owner.mla_rope, index=owner.index_rope))
         results.append(r)
-        out("%-14s %-6s prompt logits rel err %.2e, argmax agree %.3f | generate %d tokens: equal %.3f "
-            "(first divergence per prompt %s) | eager %.3f s, dsa %.3f s"
-            % (fam, device, rel, argmax, new_tokens, r["generated_tokens_equal"], first, t_eager, t_dsa))
+        out("%-14s topk %-4d %-5s %s cache | prompt logits rel err %.2e, argmax agree %.3f | generate %d tokens: "
+            "equal %.3f (first divergence per prompt %s) | eager %.3f s, dsa %.3f s"
+            % (fam, topk, device, cache_dtype, rel, argmax, new_tokens, r["generated_tokens_equal"], first, t_eager,
+               t_dsa))
         for n in owner.notes:
             out("    note: " + n)
     return results
@@ -604,13 +606,14 @@ def main(argv=None):
     p.add_argument("--cache-dtype", default="bf16", choices=("bf16", "fp8"))
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--lens", default="200,150,90", help="prompt lengths of the batch (comma-separated)")
+    p.add_argument("--topks", default="64,256", help="index_topk values to build models with (comma-separated)")
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args(argv)
     if not a.demo:
         p.print_help()
         return 0
     res = demo(device=a.device, new_tokens=a.new_tokens, lens=tuple(int(x) for x in a.lens.split(",")),
-               cache_dtype=a.cache_dtype)
+               cache_dtype=a.cache_dtype, topks=tuple(int(x) for x in a.topks.split(",")))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)
