@@ -57,8 +57,8 @@ fi
 if [ "$MODE" = all ] || [ "$MODE" = run ]; then
   export PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
   export PYTHONDONTWRITEBYTECODE=1
-  step hf_demo 150 "$PY" -m dsa.integrations.transformers --demo --json "$OUT/demo.json"
-  step hf_demo_fp8 120 "$PY" -m dsa.integrations.transformers --demo --cache-dtype fp8 --json "$OUT/demo_fp8.json"
+  step hf_demo 120 "$PY" -m dsa.integrations.transformers --demo --json "$OUT/demo.json"
+  step hf_demo_fp8 90 "$PY" -m dsa.integrations.transformers --demo --cache-dtype fp8 --json "$OUT/demo_fp8.json"
   rm -f "$OUT/figures.jsonl"
   step hf_tests 330 env DSA_HF_REPORT="$OUT/figures.jsonl" "$PY" -m pytest -q -s -rs -p no:cacheprovider \
     python/tests/test_transformers_integration.py python/tests/test_hf_glue_torch.py python/tests/test_hf_pieces.py
