@@ -375,3 +375,19 @@ def test_refusals_name_what_is_unsupported():
         assert owner.plan.workspace_bytes > 0
     finally:
         dsa_hf.remove_dsa(m)
+
+
+def test_bf16_model_takes_the_bf16_step():
+    """The dtypes CUDA runs (bf16 q / latents into the step, bf16 out), here on the CPU backend."""
+    m = MiniLM("deepseek-v3.2", topk=256)
+    ids = torch.randint(0, VOCAB, (2, 50))
+    with torch.no_grad():
+        ref = m(ids)
+        m.to(torch.bfloat16)
+        eager16 = m(ids).float()
+        owner = dsa_hf.use_dsa(m)
+        got = m(ids).float()
+    dsa_hf.remove_dsa(m)
+    assert owner.step_dtype == torch.bfloat16
+    # against the f32 model: within twice the eager bf16 model's own error
+    assert _rel(got, ref) <= 2 * _rel(eager16, ref), (_rel(got, ref), _rel(eager16, ref))
