@@ -32,8 +32,9 @@ struct TopkParams {
 // Scratch the op needs for these params: on the CPU 8 bytes per logits column for each of
 // min(M, hardware threads) row slots (0 when W <= k: such rows read no score; given less, but
 // at least one slot, it runs on fewer threads); on CUDA 0 unless rows may be split over
-// several blocks (W > 131072, or W >= 8k when few rows leave SMs idle): then 8 bytes per k
-// slots of max(M * ceil(W / 131072), 2 * SMs) blocks, plus 256. Non-decreasing in M and W.
+// several blocks (W > 131072, or W >= 2 * max(4k, 16384) when few rows leave SMs idle): then
+// 8 bytes per k slots of each such block (a bound: max(M * ceil(W / 131072),
+// min(2 * SMs, M * segments allowed))), plus 256. Non-decreasing in M and W.
 size_t topk_workspace_size(const TopkParams& p);
 Status topk(const TopkParams& p);
 

@@ -30,11 +30,11 @@ int64_t block_slots() {
   return 2 * static_cast<int64_t>(sms);
 }
 
-// Rows longer than kMaxRun must split; rows may split into runs of >= 4k keys while the merge
-// list (segs * k slots) stays one run.
+// Rows longer than kMaxRun must split; rows may split into runs of >= max(4k, 16384) keys
+// (shorter runs gain nothing) while the merge list (segs * k slots) stays one run.
 int64_t forced_segs(int64_t W) { return W > 0 ? ceil_div(W, topk_radix::kMaxRun) : 1; }
 int64_t most_segs(int64_t W, int64_t k) {
-  const int64_t by_len = W / (4 * k), by_merge = topk_radix::kMaxRun / k;
+  const int64_t by_len = W / std::max<int64_t>(4 * k, 16384), by_merge = topk_radix::kMaxRun / k;
   return std::max<int64_t>(1, std::min(by_len, by_merge));
 }
 
@@ -134,14 +134,14 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
 
 }  // namespace
 
-// Split rows keep per-segment winners, (f32 value, i32 position) per slot: at most
-// max(M * forced_segs, block_slots) blocks of k slots (the split fills the GPU only while
-// M * segs <= block_slots), so the size is non-decreasing in M and W.
+// Split rows keep per-segment winners, (f32 value, i32 position) per slot: M * segs blocks
+// of k slots, at most max(M * forced_segs, min(block_slots, M * most_segs)) (a split beyond
+// the forced one only fills idle slots), a bound non-decreasing in M and W.
 size_t topk_workspace_size(const TopkParams& p) {
   const int64_t M = p.logits.shape[0], W = p.logits.shape[1], k = p.k;
   if (M <= 0 || W <= k) return 0;
   if (std::max(forced_segs(W), most_segs(W, k)) <= 1) return 0;
-  return split_bytes(std::max(M * forced_segs(W), block_slots()), k);
+  return split_bytes(std::max(M * forced_segs(W), std::min(block_slots(), M * most_segs(W, k))), k);
 }
 
 const char* topk_kernel_name(const TopkParams& p) {

@@ -2,6 +2,7 @@
 // ties to the lower index, NaN lowest, ascending index order, -1 padding), so indices and
 // values must match bit for bit. Device lengths and indices cannot be validated: invalid
 // ones must behave as documented (lengths clamp to [0, W]; bad indices map to -1).
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <limits>
@@ -215,7 +216,7 @@ TEST(GpuTopk, OneBlockAndSplitPathsAtEveryK) {
   DSA_REQUIRE_GPU();
   Rng rng(21);
   for (int64_t k : {64, 2048, 16384}) {
-    const int64_t W = 16 * k > 131072 ? 131072 : 16 * k;
+    const int64_t W = std::max<int64_t>(32768, std::min<int64_t>(16 * k, 131072));  // >= 2 runs of 16384
     const std::vector<int32_t> len = {static_cast<int32_t>(W), 0, 1, static_cast<int32_t>(k - 1), static_cast<int32_t>(k),
                                       static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 1), static_cast<int32_t>(W / 2 + 3)};
     EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kNormal), "radix_stream_split") << k;
