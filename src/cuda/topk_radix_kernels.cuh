@@ -267,7 +267,9 @@ __device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Em
       // Rank in the sample of the key about `target` keys of the run reach: half the list
       // (or midway between k and the list) leaves room for sampling error both ways.
       const int64_t target = cap >= 4 * static_cast<int64_t>(k) ? cap / 2 : (static_cast<int64_t>(k) + cap) / 2;
-      int64_t rank = (target * n_samp + len - 1) / len;
+      // The sample covers a fixed share (4096 / len) of the positions, valid or not (merge
+      // lists have empty slots), so the rank is that share of the target.
+      int64_t rank = (target * (kSampleChunks * kSampleChunk) + len - 1) / len;
       rank = rank < 1 ? 1 : (rank > n_samp ? n_samp : rank);
       clear(hist, kTopBins);
       __syncthreads();
