@@ -115,6 +115,7 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   const cudaStream_t s = as_stream(p.stream);
   if (sp.path == Path::kRows) {
     if (!smem_opt_in<kId>(reinterpret_cast<const void*>(&r::topk_rows_kernel<T>))) return StatusCode::kDeviceError;
+    note_kernel("topk.stream_rows");
     r::topk_rows_kernel<T><<<static_cast<unsigned>(M), r::kThreads, smem, s>>>(a);
     return last_launch_status();
   }
@@ -127,6 +128,7 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   if (!smem_opt_in<kId + 1>(reinterpret_cast<const void*>(&r::topk_segments_kernel<T>)) ||
       !smem_opt_in<kId + 2>(reinterpret_cast<const void*>(&r::topk_merge_kernel<T>)))
     return StatusCode::kDeviceError;
+  note_kernel("topk.stream_split");  // segments, then the merge
   r::topk_segments_kernel<T><<<static_cast<unsigned>(blocks), r::kThreads, smem, s>>>(a);
   r::topk_merge_kernel<T><<<static_cast<unsigned>(M), r::kThreads, smem, s>>>(a);
   return last_launch_status();
@@ -146,9 +148,9 @@ size_t topk_workspace_size(const TopkParams& p) {
 
 const char* topk_kernel_name(const TopkParams& p) {
   switch (choose(p).path) {
-    case Path::kLegacy: return "radix_legacy";
-    case Path::kRows: return "radix_stream_rows";
-    default: return "radix_stream_split";
+    case Path::kLegacy: return "topk.radix12";
+    case Path::kRows: return "topk.stream_rows";
+    default: return "topk.stream_split";
   }
 }
 

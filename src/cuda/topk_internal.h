@@ -6,9 +6,10 @@
 namespace dsa {
 namespace gpu {
 
-// Which kernel topk(p) runs for these params: "radix_stream_rows" (one block per row),
-// "radix_stream_split" (rows split over several blocks, then a per-row merge) or
-// "radix_legacy" (the three-pass kernel, f32 only, chosen by DSA_CUDA_TOPK=legacy).
+// Which kernel topk(p) runs for these params, the name dsa::last_kernel_name reports after it:
+// "topk.stream_rows" (one block per row), "topk.stream_split" (rows split over several blocks,
+// then a per-row merge) or "topk.radix12" (the previous three-pass kernel, f32 only, chosen by
+// DSA_CUDA_TOPK=legacy).
 const char* topk_kernel_name(const TopkParams& p);
 
 // Blocks of the streaming kernels that took the exact fallback (candidate list overflowed or

@@ -93,6 +93,7 @@ std::string run_topk(const std::vector<float>& x, int64_t M, int64_t W, int64_t 
   gp.workspace_bytes = ws;
   const std::string name = gpu::topk_kernel_name(gp);
   EXPECT_TRUE(topk(gp).ok()) << name;
+  EXPECT_EQ(name, last_kernel_name());
   EXPECT_TRUE(device_clean()) << name;
   const auto idx = di.download<int32_t>();
   EXPECT_TRUE(same_bits(idx, ref_idx, "indices")) << name;
@@ -219,12 +220,12 @@ TEST(GpuTopk, OneBlockAndSplitPathsAtEveryK) {
     const int64_t W = std::max<int64_t>(32768, std::min<int64_t>(16 * k, 131072));  // >= 2 runs of 16384
     const std::vector<int32_t> len = {static_cast<int32_t>(W), 0, 1, static_cast<int32_t>(k - 1), static_cast<int32_t>(k),
                                       static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 1), static_cast<int32_t>(W / 2 + 3)};
-    EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kNormal), "radix_stream_split") << k;
+    EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kNormal), "topk.stream_split") << k;
     std::vector<int32_t> many(400);
     for (size_t i = 0; i < many.size(); ++i) many[i] = len[i % len.size()];
-    if (k <= 2048) EXPECT_EQ(run_topk_same(rng, 400, W, k, many, Fill::kNormal, false), "radix_stream_rows") << k;
+    if (k <= 2048) EXPECT_EQ(run_topk_same(rng, 400, W, k, many, Fill::kNormal, false), "topk.stream_rows") << k;
   }
-  EXPECT_EQ(run_topk_same(rng, 3, 5000, 2048, {5000, 4097, 2049}, Fill::kNormal), "radix_stream_rows");
+  EXPECT_EQ(run_topk_same(rng, 3, 5000, 2048, {5000, 4097, 2049}, Fill::kNormal), "topk.stream_rows");
 }
 
 // Ordinary rows never need the fallback: the sampled threshold lands between k and the
@@ -251,7 +252,7 @@ TEST(GpuTopk, OverflowTakesTheExactFallback) {
     const unsigned long long before = fallbacks();
     const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(W));
     const std::string name = run_topk(x, M, W, 2048, len, len, true);
-    EXPECT_EQ(name, M == 2 ? "radix_stream_split" : "radix_stream_rows");
+    EXPECT_EQ(name, M == 2 ? "topk.stream_split" : "topk.stream_rows");
     EXPECT_GT(fallbacks(), before) << name;
   }
   // Underfill: the sampled chunks (32 runs of 128 keys spread over the row) hold the row's
@@ -265,7 +266,7 @@ TEST(GpuTopk, OverflowTakesTheExactFallback) {
     }
   const unsigned long long before = fallbacks();
   const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(Wr));
-  EXPECT_EQ(run_topk(x, M, Wr, 2048, len, len, true), "radix_stream_rows");
+  EXPECT_EQ(run_topk(x, M, Wr, 2048, len, len, true), "topk.stream_rows");
   EXPECT_GT(fallbacks(), before);
 }
 
@@ -305,10 +306,10 @@ TEST(GpuTopk, MillionKeyRows) {
   Rng rng(24);
   const int64_t W = 1048576;
   const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W - 7), 131073};
-  EXPECT_EQ(run_topk_same(rng, 3, W, 2048, len, Fill::kNormal), "radix_stream_split");
-  EXPECT_EQ(run_topk_same(rng, 3, W, 2048, len, Fill::kNormal, true, true), "radix_stream_split");
-  EXPECT_EQ(run_topk_same(rng, 2, W, 16384, {static_cast<int32_t>(W), 600000}, Fill::kNormal), "radix_stream_split");
-  EXPECT_EQ(run_topk_same(rng, 2, W, 2048, {static_cast<int32_t>(W), 900000}, Fill::kFewLevels), "radix_stream_split");
+  EXPECT_EQ(run_topk_same(rng, 3, W, 2048, len, Fill::kNormal), "topk.stream_split");
+  EXPECT_EQ(run_topk_same(rng, 3, W, 2048, len, Fill::kNormal, true, true), "topk.stream_split");
+  EXPECT_EQ(run_topk_same(rng, 2, W, 16384, {static_cast<int32_t>(W), 600000}, Fill::kNormal), "topk.stream_split");
+  EXPECT_EQ(run_topk_same(rng, 2, W, 2048, {static_cast<int32_t>(W), 900000}, Fill::kFewLevels), "topk.stream_split");
 }
 
 // bf16 logits on both paths, with ties, NaN, +-inf and signed zeros; odd widths (unaligned rows).
