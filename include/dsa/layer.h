@@ -15,6 +15,11 @@
 #include "dsa/types.h"
 
 namespace dsa {
+namespace core {
+namespace step {
+struct StepState;
+}
+}  // namespace core
 
 // How one sequence of a step is served.
 enum class Route : int32_t {
@@ -131,13 +136,7 @@ class Attention {
  private:
   Plan plan_;
   Status status_;
-  int32_t* staging_ = nullptr;          // core::HostStaging layout, plan.host_bytes
-  bool pinned_ = false;                 // staging_ from cudaHostAlloc
-  std::vector<int32_t> host_staging_;   // the staging when not pinned (CPU plans)
-  int next_slot_ = 0;
-  void* slot_done_[2] = {nullptr, nullptr};  // cudaEvent_t: a slot's last eager copies
-  bool slot_pending_[2] = {false, false};
-  std::vector<Route> route_;
+  std::unique_ptr<core::step::StepState> state_;  // host staging, slots, events (src/core/step/)
 };
 
 }  // namespace dsa
