@@ -197,6 +197,7 @@ struct RunOpts {
   const std::vector<int32_t>* indices_in = nullptr;
   const std::vector<int32_t>* positions = nullptr;  // RoPE positions
   Attention* attn = nullptr;  // step with this object (and its plan) instead of a fresh one
+  bool time_stages = false;
 };
 
 Result run_step(World& w, const RunOpts& o) {
@@ -239,6 +240,7 @@ Result run_step(World& w, const RunOpts& o) {
     p.positions = t_i32(pos_copy.data(), {w.T});
   }
   p.force_score = o.force_score;
+  p.time_stages = o.time_stages;
   p.out = t_f32(r.out.data(), {w.T, kH, 512});
   p.lse = t_f32(r.lse.data(), {w.T, kH});
   p.workspace = ws.data();
@@ -842,4 +844,19 @@ TEST(LayerStep, StepsBeyondThePlanFailNamingTheLimit) {
   StepParams bb = p;
   bb.block_table = t_i32(bad_bt.data(), {w.B, w.max_blocks});
   EXPECT_TRUE(dsa_test::fails_naming(a5.step(bb), {"indexer_logits_paged", "block_table[0][0]", "num_blocks"}));
+}
+
+// StepParams::time_stages on the CPU: ignored (the host times are the device times), the
+// outputs unchanged.
+TEST(LayerStep, StageTimingIsIgnoredOnTheCpu) {
+  World w(tiny_geometry(), mixed_batch(), 16, 91);
+  RunOpts o;
+  const Result plain = run_step(w, o);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.to_string();
+  o.time_stages = true;
+  const Result timed = run_step(w, o);
+  ASSERT_TRUE(timed.status.ok()) << timed.status.to_string();
+  expect_identical(plain, timed, "time_stages on the CPU");
+  EXPECT_FALSE(timed.report.gpu_timed);
+  EXPECT_EQ(timed.report.gpu_ms_total, 0.0);
 }

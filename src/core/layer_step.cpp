@@ -47,8 +47,14 @@ Status Attention::step(const StepParams& p, StepReport* report) {
   // Marks, on every exit from here, the point after this step's last copy from its slot.
   struct SlotRelease {
     st::Step& s;
-    ~SlotRelease() { st::release_slot(s); }
+    ~SlotRelease() {
+      s.state.timer.cancel();  // an early exit reports no GPU times
+      st::release_slot(s);
+    }
   } release{s};
+  // GPU stage times: only when asked, on a queued backend, outside capture.
+  if (!(status = state_->timer.begin(s.ops, s.dev, p.stream, p.time_stages && s.ops.queued() && !s.capturing)).ok())
+    return status;
 
   st::route(s);
   if (!(status = st::stage_metadata(s)).ok()) return status;
@@ -56,6 +62,8 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     s.score_high = std::max(s.score_high, s.score_arena.high_water());
     rep.score_high_water_bytes = s.score_high;
     rep.workspace_high_water_bytes = s.score_offset + s.score_high;
+    if (r.ok()) r = state_->timer.end(&rep);  // waits for the last event when timed
+    else state_->timer.cancel();
     rep.ms_total = st::ms_since(t_begin);
     if (report) *report = rep;
     return r;

@@ -42,6 +42,7 @@ Status identity_indices(Step& s, const Run& run) {
 Status dense_attend(Step& s, const Run& run) {
   const StepParams& p = s.p;
   const auto td = Clock::now();
+  mark(s, Stage::kDense);
   const int64_t nb = run.b1 - run.b0, n = run.r1 - run.r0;
   int32_t* cu_host = s.dense_cu_h + s.dense_cu_at;  // a region per dense run
   cu_host[0] = 0;

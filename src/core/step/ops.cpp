@@ -52,6 +52,7 @@ Status run_topk(Step& s, TopkParams& tp, void* ws, size_t ws_bytes) {
   tp.workspace = ws;
   tp.workspace_bytes = ws_bytes;
   tp.stream = s.p.stream;
+  mark(s, Stage::kSelect);
   if (s.dev.type != DeviceType::kCPU && topk_workspace_size(tp) > ws_bytes)
     return internal("top-k needs " + num(static_cast<int64_t>(topk_workspace_size(tp))) + " bytes of scratch, the layout holds " +
                     num(static_cast<int64_t>(ws_bytes)));
@@ -60,6 +61,7 @@ Status run_topk(Step& s, TopkParams& tp, void* ws, size_t ws_bytes) {
 
 Status map_paged(Step& s, const TensorDesc& idx, int64_t r0, int64_t n, const TensorDesc& out) {
   const auto tm = Clock::now();
+  mark(s, Stage::kMap);
   MapIndicesParams mp;
   mp.indices = idx;
   mp.row_seq = rows(s.row_seq, r0, n);
@@ -75,6 +77,7 @@ Status map_paged(Step& s, const TensorDesc& idx, int64_t r0, int64_t n, const Te
 
 Status score_rows(Step& s, int64_t r0, int64_t n, float* logits, int64_t width, int64_t stride, int64_t col_offset) {
   const auto tl = Clock::now();
+  mark(s, Stage::kScore);
   IndexerLogitsPagedParams lp;
   lp.q = dev_tensor(s.lay.index_q + r0 * s.Hi * kIndexHeadDim, DType::kE4M3, {n, s.Hi, kIndexHeadDim}, s.dev);
   lp.weights = dev_tensor(s.lay.index_w + r0 * s.Hi, DType::kF32, {n, s.Hi}, s.dev);

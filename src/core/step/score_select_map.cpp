@@ -16,6 +16,7 @@ Status prepare_queries(Step& s, const Run& run) {
   const StepParams& p = s.p;
   const int64_t n = run.r1 - run.r0;
   const auto tq = Clock::now();
+  mark(s, Stage::kPrepare);
   PrepareIndexerQParams pq;
   pq.q = rows(p.index_q, run.r0, n);
   pq.weights = rows(p.index_w, run.r0, n);
@@ -73,6 +74,7 @@ Status score_tiled_row(Step& s, int64_t r0, TensorDesc* mapped) {
   const int32_t* tile_table = s.tile_table;
   const int64_t tile_stride = s.tile_stride;
   Status st;
+  mark(s, Stage::kScore);  // the tile tables feed scoring and selection
   if (!(st = s.ops.upload(tl.tile_offset, tile_table, ntiles * 4, p.stream)).ok()) return st;
   if (!(st = s.ops.upload(tl.tile_len, tile_table + tile_stride, full, p.stream)).ok()) return st;
   if (!(st = s.ops.upload(tl.tile_len + ntiles - 1, last, 4, p.stream)).ok()) return st;
@@ -107,6 +109,7 @@ Status score_tiled_row(Step& s, int64_t r0, TensorDesc* mapped) {
       off.kv_start = dev_tensor(tl.tile_offset + i, DType::kI32, {1}, dev);
       off.out = tp.indices;
       off.stream = p.stream;
+      mark(s, Stage::kSelect);  // tile merges are selection
       st = map_indices(off);
       // Merge: candidates [running k | tile's best] are in ascending key order, so the
       // top-k of their values with ties to the lower position is the exact top-k so far.
@@ -125,6 +128,7 @@ Status score_tiled_row(Step& s, int64_t r0, TensorDesc* mapped) {
       gather.page_size = 1;
       gather.out = is_last ? dest : dev_tensor(tl.cand_idx[1 - cur], DType::kI32, {1, K}, dev);
       gather.stream = p.stream;
+      mark(s, Stage::kSelect);
       if (st.ok()) st = map_indices(gather);
       cur = 1 - cur;
     }

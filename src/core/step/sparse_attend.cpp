@@ -9,6 +9,7 @@ namespace step {
 Status sparse_attend(Step& s, int64_t r0, int64_t n, const TensorDesc& mapped) {
   const StepParams& p = s.p;
   const auto ts = Clock::now();
+  mark(s, Stage::kSparse);
   SparseMlaParams sp;
   sp.q = rows(p.q, r0, n);
   sp.kv.paged = p.mla_cache;

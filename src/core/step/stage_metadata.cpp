@@ -13,6 +13,7 @@ Status stage_metadata(Step& s) {
   if (!layout_step(arena, s.plan, &s.lay)) return internal("the step layout does not fit plan.workspace_bytes");
   s.score_offset = static_cast<int64_t>(static_cast<uint8_t*>(s.lay.score) - static_cast<uint8_t*>(p.workspace));
   Status st;
+  mark(s, Stage::kPrepare);  // metadata uploads count as preparation
   if (!(st = s.ops.upload(s.lay.row_seq, s.row_seq_h, T * 4, p.stream)).ok()) return st;
   if (!(st = s.ops.upload(s.lay.row_len, s.row_len_h, T * 4, p.stream)).ok()) return st;
   if (!(st = s.ops.upload(s.lay.token_pos, s.token_pos_h, T * 4, p.stream)).ok()) return st;

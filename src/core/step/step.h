@@ -26,6 +26,7 @@
 
 #include "core/arena.h"
 #include "core/step/device_ops.h"
+#include "core/step/stage_timer.h"
 #include "core/step_layout.h"
 #include "dsa/layer.h"
 #include "dsa/topk.h"
@@ -60,6 +61,7 @@ struct StepState {
   void* slot_done[2] = {nullptr, nullptr};  // a slot's last eager copies
   bool slot_pending[2] = {false, false};
   std::vector<Route> route;
+  StageTimer timer;  // StepParams::time_stages
 
   Status init(const Plan& plan);
   ~StepState();
@@ -140,6 +142,9 @@ Status for_each_run(const Step& s, F&& fn) {
   }
   return Status::Ok();
 }
+
+// The stream enters `stage` (StageTimer; free unless this step is timed).
+inline void mark(Step& s, Stage stage) { s.state.timer.mark(stage); }
 
 // ---- the stages ----
 Status validate(const Plan& plan, const StepParams& p, BatchShape* out);

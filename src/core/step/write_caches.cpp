@@ -13,6 +13,7 @@ Status write_caches(Step& s) {
   const int64_t T = s.shape.T;
   const auto t0 = Clock::now();
   Status st;
+  mark(s, Stage::kCache);
   CacheSlots where;
   where.block_table = p.block_table;
   where.token_seq = s.row_seq;
