@@ -88,6 +88,9 @@ struct StepReport {
   // Host wall time per stage in ms (on CUDA: time to enqueue).
   double ms_cache = 0, ms_prepare = 0, ms_score = 0, ms_select = 0, ms_map = 0, ms_sparse = 0,
          ms_dense = 0, ms_total = 0;
+  // Host microseconds of this call (step, prepare or run) from entry to return, less the wait
+  // of a timed step: for run(), the per-layer host cost of a step.
+  double host_us = 0;
   // GPU time per stage in ms, summed over the step's launches of that stage (StepParams::
   // time_stages on CUDA; gpu_timed says whether these were measured). gpu_ms_total is the
   // first event to the last, so it includes gaps between stages.
@@ -132,6 +135,21 @@ class Attention {
   // One step; the report is optional. Steps beyond the plan's limits fail with kLimitExceeded
   // naming the limit; nothing else allocates or exceeds the plan's workspace.
   Status step(const StepParams& p, StepReport* report = nullptr);
+
+  // Plan once per step, run per layer: step(p) is prepare(p) then run(p), split so that the
+  // layers of one model step share the batch's host work.
+  //   prepare(p) reads only the batch fields of p (q_lens, kv_lens, block_table, positions,
+  //     workspace, stream): validates them against the plan, builds the row tables and uploads
+  //     them into p.workspace, once per batch.
+  //   run(p) runs one layer (role, caches, the layer's tensors, indices, outputs) over the
+  //     prepared batch. Its batch fields must be prepare's: the same q_lens and kv_lens values,
+  //     the same block_table, positions and workspace (where the batch's metadata lives), on
+  //     the same stream; run fails naming the field otherwise. Every layer of a step therefore
+  //     shares one workspace, used by one layer at a time.
+  // A run reads the metadata its prepare uploaded: the next prepare (or step) of this object
+  // starts the next batch. Under graph capture, capture a prepare together with its runs.
+  Status prepare(const StepParams& p, StepReport* report = nullptr);
+  Status run(const StepParams& p, StepReport* report = nullptr);
 
  private:
   Plan plan_;

@@ -2,12 +2,73 @@
 // stage is a function of src/core/step/ (step.h lists them). Every device temporary comes from
 // the plan's arena layout (core/step_layout.h); host metadata lives in buffers the Attention
 // object allocated at construction. See docs/planner.md.
+//
+//   prepare (once per batch):  validate_batch, acquire_slot, row_tables, stage_metadata
+//   run (once per layer):      validate, use_prepared, route, write_caches, dense_attend per
+//                              dense run, sparse_run per sparse run
+//   step:                      validate, then prepare's and run's stages
 #include <algorithm>
 
 #include "core/step/step.h"
 #include "dsa/layer.h"
 
 namespace dsa {
+namespace st = core::step;
+namespace {
+
+// Marks, on every exit, the point after this call's last copy from its staging slot, and
+// drops an unfinished timing.
+struct SlotRelease {
+  st::Step& s;
+  bool armed = false;
+  ~SlotRelease() {
+    s.state.timer.cancel();
+    if (armed) st::release_slot(s);
+  }
+};
+
+// The batch's host work and uploads (after validation).
+Status prepare_batch(st::Step& s, SlotRelease& release) {
+  s.state.prepared.valid = false;
+  Status status = st::acquire_slot(s);
+  if (!status.ok()) return status;
+  release.armed = true;
+  st::row_tables(s);
+  if (!(status = st::stage_metadata(s)).ok()) return status;
+  st::keep_prepared(s);
+  return Status::Ok();
+}
+
+// One layer over the prepared batch (after validation).
+Status run_layer(st::Step& s, SlotRelease& release, bool check_batch) {
+  Status status = st::use_prepared(s);
+  if (!status.ok()) return status;
+  if (check_batch && !(status = st::matches_prepared(s)).ok()) return status;
+  release.armed = true;
+  st::route(s);
+  if (s.shape.T == 0) return Status::Ok();
+  if (!(status = st::write_caches(s)).ok()) return status;
+  status = st::for_each_run(s, [&](const st::Run& run) { return run.dense ? st::dense_attend(s, run) : Status::Ok(); });
+  if (!status.ok()) return status;
+  return st::for_each_run(s, [&](const st::Run& run) { return run.dense ? Status::Ok() : st::sparse_run(s, run); });
+}
+
+// The report of a call that got past validation: high-water marks, GPU stage times (waiting
+// for the last event when timed), host times.
+Status finish(st::Step& s, Status r, st::Clock::time_point t_begin, StepReport* report) {
+  StepReport& rep = s.rep;
+  s.score_high = std::max(s.score_high, s.score_arena.high_water());
+  rep.score_high_water_bytes = s.score_high;
+  rep.workspace_high_water_bytes = s.score_offset + s.score_high;
+  rep.host_us = st::ms_since(t_begin) * 1e3;
+  if (r.ok()) r = s.state.timer.end(&rep);
+  else s.state.timer.cancel();
+  rep.ms_total = st::ms_since(t_begin);
+  if (report) *report = rep;
+  return r;
+}
+
+}  // namespace
 
 const char* route_name(Route r) {
   switch (r) {
@@ -18,12 +79,10 @@ const char* route_name(Route r) {
   return "unknown";
 }
 
-Attention::Attention(const Plan& plan) : plan_(plan), state_(new core::step::StepState) {
-  status_ = state_->init(plan_);
-}
+Attention::Attention(const Plan& plan) : plan_(plan), state_(new st::StepState) { status_ = state_->init(plan_); }
 
 Status Attention::create(const Plan& plan, std::unique_ptr<Attention>* out) {
-  if (out == nullptr) return core::step::invalid("create: out: expected a non-null std::unique_ptr<Attention>*");
+  if (out == nullptr) return st::invalid("create: out: expected a non-null std::unique_ptr<Attention>*");
   std::unique_ptr<Attention> a(new Attention(plan));
   if (!a->status().ok()) return a->status();
   *out = std::move(a);
@@ -33,48 +92,58 @@ Status Attention::create(const Plan& plan, std::unique_ptr<Attention>* out) {
 Attention::~Attention() = default;
 
 Status Attention::step(const StepParams& p, StepReport* report) {
-  namespace st = core::step;
   if (!status_.ok()) return status_;
   const auto t_begin = st::Clock::now();
   StepReport rep;
   rep.workspace_plan_bytes = plan_.workspace_bytes;
   rep.score_budget_bytes = plan_.score_budget_bytes;
   st::Step s(plan_, p, *state_, rep);
-
   Status status = st::validate(plan_, p, &s.shape);
   if (!status.ok()) return status;
-  if (!(status = st::acquire_slot(s)).ok()) return status;
-  // Marks, on every exit from here, the point after this step's last copy from its slot.
-  struct SlotRelease {
-    st::Step& s;
-    ~SlotRelease() {
-      s.state.timer.cancel();  // an early exit reports no GPU times
-      st::release_slot(s);
-    }
-  } release{s};
+  SlotRelease release{s};
+  if (s.ops.queued() && !(status = s.ops.capturing(p.stream, &s.capturing)).ok()) return status;
   // GPU stage times: only when asked, on a queued backend, outside capture.
   if (!(status = state_->timer.begin(s.ops, s.dev, p.stream, p.time_stages && s.ops.queued() && !s.capturing)).ok())
     return status;
+  status = prepare_batch(s, release);
+  if (status.ok()) status = run_layer(s, release, false);
+  return finish(s, status, t_begin, report);
+}
 
-  st::route(s);
-  if (!(status = st::stage_metadata(s)).ok()) return status;
-  auto finish = [&](Status r) {
-    s.score_high = std::max(s.score_high, s.score_arena.high_water());
-    rep.score_high_water_bytes = s.score_high;
-    rep.workspace_high_water_bytes = s.score_offset + s.score_high;
-    if (r.ok()) r = state_->timer.end(&rep);  // waits for the last event when timed
-    else state_->timer.cancel();
-    rep.ms_total = st::ms_since(t_begin);
-    if (report) *report = rep;
-    return r;
-  };
-  if (s.shape.T == 0) return finish(Status::Ok());
+Status Attention::prepare(const StepParams& p, StepReport* report) {
+  if (!status_.ok()) return status_;
+  const auto t_begin = st::Clock::now();
+  StepReport rep;
+  rep.workspace_plan_bytes = plan_.workspace_bytes;
+  rep.score_budget_bytes = plan_.score_budget_bytes;
+  st::Step s(plan_, p, *state_, rep);
+  state_->prepared.valid = false;
+  Status status = st::validate_batch(plan_, p, &s.shape);
+  if (!status.ok()) return status;
+  SlotRelease release{s};
+  if (s.ops.queued() && !(status = s.ops.capturing(p.stream, &s.capturing)).ok()) return status;
+  if (!(status = state_->timer.begin(s.ops, s.dev, p.stream, p.time_stages && s.ops.queued() && !s.capturing)).ok())
+    return status;
+  status = prepare_batch(s, release);
+  s.score_offset = state_->prepared.score_offset;
+  return finish(s, status, t_begin, report);
+}
 
-  if (!(status = st::write_caches(s)).ok()) return status;
-  status = st::for_each_run(s, [&](const st::Run& run) { return run.dense ? st::dense_attend(s, run) : Status::Ok(); });
-  if (!status.ok()) return finish(status);
-  status = st::for_each_run(s, [&](const st::Run& run) { return run.dense ? Status::Ok() : st::sparse_run(s, run); });
-  return finish(status);
+Status Attention::run(const StepParams& p, StepReport* report) {
+  if (!status_.ok()) return status_;
+  const auto t_begin = st::Clock::now();
+  StepReport rep;
+  rep.workspace_plan_bytes = plan_.workspace_bytes;
+  rep.score_budget_bytes = plan_.score_budget_bytes;
+  st::Step s(plan_, p, *state_, rep);
+  Status status = st::validate(plan_, p, &s.shape);
+  if (!status.ok()) return status;
+  SlotRelease release{s};
+  if (s.ops.queued() && !(status = s.ops.capturing(p.stream, &s.capturing)).ok()) return status;
+  if (!(status = state_->timer.begin(s.ops, s.dev, p.stream, p.time_stages && s.ops.queued() && !s.capturing)).ok())
+    return status;
+  status = run_layer(s, release, true);
+  return finish(s, status, t_begin, report);
 }
 
 }  // namespace dsa

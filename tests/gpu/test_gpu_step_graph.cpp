@@ -357,3 +357,62 @@ TEST(GpuStepGraph, StageTimesChangeNoByteAndCaptureStillReplays) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }
+
+// Plan once per step, run per layer on CUDA: prepare() + run() equals step() bit for bit,
+// a second layer's run over the same prepare too, and a capture of prepare + two runs
+// replays them.
+TEST(GpuStepGraph, PreparedRunsEqualStepsAndCapture) {
+  DSA_REQUIRE_GPU();
+  const Batch b = make_batch({{40, 40}, {24, 700}, {30, 30}, {8, 150}, {2, 2000}, {2, 1200}}, 41);
+  Plan plan;
+  ASSERT_TRUE(tight_plan(b.T, b.B, b.max_kv, &plan).ok());
+  StreamGuard stream;
+  DeviceBuffer ws(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+  DeviceStep st(b, ws.data(), ws.size(), stream.s);
+  Snapshot stepped;
+  {
+    Attention a(plan);
+    const Status r = a.step(st.p);
+    ASSERT_TRUE(r.ok()) << r.to_string();
+    DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+    stepped = snapshot(st);
+  }
+  Attention attn(plan);
+  ASSERT_TRUE(attn.status().ok());
+  st.reset();
+  StepReport pr, rr;
+  Status r = attn.prepare(st.p, &pr);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  r = attn.run(st.p, &rr);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  EXPECT_TRUE(same(snapshot(st), stepped, "prepare + run"));
+  EXPECT_GT(rr.host_us, 0.0);
+  // The next layer: the caches restored as before the step, run alone.
+  st.reset();
+  r = attn.run(st.p);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  EXPECT_TRUE(same(snapshot(st), stepped, "second run over one prepare"));
+
+  // prepare + run + run captured in one graph.
+  st.reset();
+  DSA_CUDA_OK(cudaMemset(ws.data(), 0x7F, ws.size()));
+  DSA_CUDA_OK(cudaDeviceSynchronize());
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DSA_CUDA_OK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeGlobal));
+  Status c1 = attn.prepare(st.p), c2 = attn.run(st.p), c3 = attn.run(st.p);
+  const cudaError_t end = cudaStreamEndCapture(stream.s, &graph);
+  ASSERT_TRUE(c1.ok() && c2.ok() && c3.ok()) << c1.to_string() << c2.to_string() << c3.to_string();
+  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+  DSA_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  st.reset();
+  DSA_CUDA_OK(cudaGraphLaunch(exec, stream.s));
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  ASSERT_TRUE(device_clean());
+  // Two runs writing the same tokens leave the caches and outputs as one step does.
+  EXPECT_TRUE(same(snapshot(st), stepped, "captured prepare + two runs"));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}

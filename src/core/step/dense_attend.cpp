@@ -44,17 +44,12 @@ Status dense_attend(Step& s, const Run& run) {
   const auto td = Clock::now();
   mark(s, Stage::kDense);
   const int64_t nb = run.b1 - run.b0, n = run.r1 - run.r0;
-  int32_t* cu_host = s.dense_cu_h + s.dense_cu_at;  // a region per dense run
-  cu_host[0] = 0;
   int64_t run_max_kv = 0;
-  for (int64_t b = run.b0; b < run.b1; ++b) {
-    cu_host[b - run.b0 + 1] = cu_host[b - run.b0] + s.q_len(b);
-    run_max_kv = std::max<int64_t>(run_max_kv, s.kv_len(b));
-  }
+  for (int64_t b = run.b0; b < run.b1; ++b) run_max_kv = std::max<int64_t>(run_max_kv, s.kv_len(b));
+  // The run's cu_seqlens, uploaded by stage_metadata (a region per dense run, in batch order).
   int32_t* cu_dev = s.lay.dense_cu + s.dense_cu_at;
   s.dense_cu_at += nb + 1;
-  Status st = s.ops.upload(cu_dev, cu_host, (nb + 1) * 4, p.stream);
-  if (!st.ok()) return st;
+  Status st;
   DenseMlaParams dp;
   dp.q = rows(p.q, run.r0, n);
   dp.kv.paged = p.mla_cache;

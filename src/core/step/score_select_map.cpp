@@ -65,11 +65,8 @@ Status score_tiled_row(Step& s, int64_t r0, TensorDesc* mapped) {
   if (!layout_tiled(s.score_arena, dev, Wt, s.plan.max_tiles, K, &tl)) return internal("tiled row does not fit the score region");
   // Tile tables (the score region is reused between rows, so each tiled row uploads its
   // own): offsets and the full tiles from the constant table, the last tile from this row's
-  // own staging words.
-  int32_t* last = s.tile_last_h + 2 * s.rep.tiled_rows;
-  const int64_t last_len = len - (ntiles - 1) * Wt;
-  last[0] = static_cast<int32_t>(last_len);
-  last[1] = static_cast<int32_t>(K + std::min(last_len, K));
+  // own staging words (row_tables wrote them once per batch).
+  const int32_t* last = s.tile_last_h + 2 * r0;  // written by row_tables
   const size_t full = static_cast<size_t>(ntiles - 1) * 4;
   const int32_t* tile_table = s.tile_table;
   const int64_t tile_stride = s.tile_stride;

@@ -1,5 +1,6 @@
 // Stage: stage metadata. Carves the plan's layout from the caller's workspace and uploads the
-// row tables the ops read (row_seq, row_len, token_pos, kv_lens).
+// row tables the ops read (row_seq, row_len, token_pos, kv_lens, the dense runs' cu_seqlens),
+// once per batch: every layer's run reads them there.
 #include "core/step/step.h"
 
 namespace dsa {
@@ -18,13 +19,7 @@ Status stage_metadata(Step& s) {
   if (!(st = s.ops.upload(s.lay.row_len, s.row_len_h, T * 4, p.stream)).ok()) return st;
   if (!(st = s.ops.upload(s.lay.token_pos, s.token_pos_h, T * 4, p.stream)).ok()) return st;
   if (!(st = s.ops.upload(s.lay.kv_lens, s.kv_lens_h, B * 4, p.stream)).ok()) return st;
-
-  s.row_seq = dev_tensor(s.lay.row_seq, DType::kI32, {T}, s.dev);
-  s.row_len = dev_tensor(s.lay.row_len, DType::kI32, {T}, s.dev);
-  s.token_pos = dev_tensor(s.lay.token_pos, DType::kI32, {T}, s.dev);
-  s.positions = p.positions.present() ? p.positions : s.token_pos;
-  s.sm_scale = p.sm_scale != 0.0f ? p.sm_scale : static_cast<float>(s.cfg.geometry.sm_scale);
-  s.score_arena = Arena(s.lay.score, s.lay.score_bytes);
+  if (!(st = s.ops.upload(s.lay.dense_cu, s.dense_cu_h, s.dense_cu_words * 4, p.stream)).ok()) return st;
   return Status::Ok();
 }
 

@@ -13,6 +13,7 @@ Status StepState::init(const Plan& plan) {
   device = plan.config.device;
   hs = host_staging(plan);
   route.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
+  q_lens.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
   const size_t bytes = static_cast<size_t>(hs.total_words()) * sizeof(int32_t);
   void* mem = nullptr;
   Status st = ops->alloc_staging(device, bytes, &mem);
@@ -63,6 +64,13 @@ Status acquire_slot(Step& s) {
       st.slot_pending[s.slot] = false;
     }
   }
+  point_at_slot(s);
+  return Status::Ok();
+}
+
+void point_at_slot(Step& s) {
+  const StepState& st = s.state;
+  const HostStaging& hs = st.hs;
   int32_t* const stage = st.staging + hs.slot_begin + s.slot * hs.slot_words;
   s.row_seq_h = stage + hs.row_seq;
   s.row_len_h = stage + hs.row_len;
@@ -72,6 +80,41 @@ Status acquire_slot(Step& s) {
   s.tile_last_h = stage + hs.tile_last;
   s.tile_table = st.staging + hs.tile_table;
   s.tile_stride = hs.tile_words / 3;
+}
+
+void keep_prepared(Step& s) {
+  Prepared& pr = s.state.prepared;
+  pr.valid = true;
+  pr.B = s.shape.B;
+  pr.T = s.shape.T;
+  pr.slot = s.slot;
+  pr.lay = s.lay;
+  pr.score_offset = s.score_offset;
+  pr.workspace = s.p.workspace;
+  pr.workspace_bytes = s.p.workspace_bytes;
+  pr.block_table = s.p.block_table.data;
+  pr.positions = s.p.positions.data;
+}
+
+Status use_prepared(Step& s) {
+  const Prepared& pr = s.state.prepared;
+  if (s.ops.queued()) {
+    Status c = s.ops.capturing(s.p.stream, &s.capturing);
+    if (!c.ok()) return c;
+  }
+  s.slot = pr.slot;
+  point_at_slot(s);
+  s.lay = pr.lay;
+  s.score_offset = pr.score_offset;
+  const int64_t T = pr.T;
+  s.row_seq = dev_tensor(s.lay.row_seq, DType::kI32, {T}, s.dev);
+  s.row_len = dev_tensor(s.lay.row_len, DType::kI32, {T}, s.dev);
+  s.token_pos = dev_tensor(s.lay.token_pos, DType::kI32, {T}, s.dev);
+  s.positions = s.p.positions.present() ? s.p.positions : s.token_pos;
+  s.sm_scale = s.p.sm_scale != 0.0f ? s.p.sm_scale : static_cast<float>(s.cfg.geometry.sm_scale);
+  s.score_arena = Arena(s.lay.score, s.lay.score_bytes);
+  s.score_high = 0;
+  s.dense_cu_at = 0;
   return Status::Ok();
 }
 

@@ -51,6 +51,26 @@ inline double ms_since(Clock::time_point t0) {
 TensorDesc rows(const TensorDesc& t, int64_t r0, int64_t n);
 TensorDesc dev_tensor(const void* p, DType d, std::initializer_list<int64_t> shape, Device dev);
 
+// The batch as validated: sizes and what the role implies.
+struct BatchShape {
+  int64_t B = 0, T = 0;
+  bool scores = false;  // full and mtp layers score (shared layers reuse indices_in)
+};
+
+// What prepare() leaves for the runs of one step's layers: the batch, its staging slot (host
+// row tables, written once by prepare) and where its metadata lives in the workspace.
+struct Prepared {
+  bool valid = false;
+  int64_t B = 0, T = 0;
+  int slot = 0;
+  StepLayout lay;
+  int64_t score_offset = 0;
+  const void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  const void* block_table = nullptr;
+  const void* positions = nullptr;
+};
+
 // What an Attention object keeps between steps: host staging, its slots and their events.
 struct StepState {
   const DeviceOps* ops = nullptr;
@@ -61,16 +81,12 @@ struct StepState {
   void* slot_done[2] = {nullptr, nullptr};  // a slot's last eager copies
   bool slot_pending[2] = {false, false};
   std::vector<Route> route;
+  std::vector<int32_t> q_lens;  // [max_seqs] the prepared batch's q_lens
+  Prepared prepared;
   StageTimer timer;  // StepParams::time_stages
 
   Status init(const Plan& plan);
   ~StepState();
-};
-
-// The batch as validated: sizes and what the role implies.
-struct BatchShape {
-  int64_t B = 0, T = 0;
-  bool scores = false;  // full and mtp layers score (shared layers reuse indices_in)
 };
 
 // One step in flight: what every stage reads and writes.
@@ -108,10 +124,12 @@ struct Step {
   float sm_scale = 0.0f;
   Arena score_arena{nullptr, 0};
   int64_t score_high = 0;
-  int64_t dense_cu_at = 0;  // next free dense_cu region
+  int64_t dense_cu_at = 0;  // next dense run's dense_cu region
+  int64_t dense_cu_words = 0;  // dense_cu words of the batch's dense runs
 
-  int32_t q_len(int64_t b) const { return p.q_lens.ptr<const int32_t>()[b * p.q_lens.stride[0]]; }
-  int32_t kv_len(int64_t b) const { return p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]]; }
+  // The prepared batch (staged by row_tables).
+  int32_t q_len(int64_t b) const { return state.q_lens[static_cast<size_t>(b)]; }
+  int32_t kv_len(int64_t b) const { return kv_lens_h[b]; }
   // A fresh view of the score region (chunks reuse it), keeping the high-water mark.
   Arena fresh_score_arena();
 };
@@ -147,11 +165,21 @@ Status for_each_run(const Step& s, F&& fn) {
 inline void mark(Step& s, Stage stage) { s.state.timer.mark(stage); }
 
 // ---- the stages ----
+// validate: the whole step (batch and layer) against the plan; validate_batch: only the batch
+// fields prepare() reads; matches_prepared: a run's batch fields against the prepared batch.
 Status validate(const Plan& plan, const StepParams& p, BatchShape* out);
-Status acquire_slot(Step& s);  // this step's staging slot (waits for the step two before)
-void release_slot(Step& s);    // marks the slot's copies (every exit once copies may be queued)
-void route(Step& s);
-Status stage_metadata(Step& s);
+Status validate_batch(const Plan& plan, const StepParams& p, BatchShape* out);
+Status matches_prepared(const Step& s);
+// Once per batch (prepare):
+Status acquire_slot(Step& s);    // this step's staging slot (waits for the step two before)
+void point_at_slot(Step& s);     // the staging pointers of s.slot
+void release_slot(Step& s);      // marks the slot's copies (every exit once copies may be queued)
+void row_tables(Step& s);        // host row tables, dense runs' cu_seqlens, tiled rows' last tiles
+Status stage_metadata(Step& s);  // the workspace layout; row tables uploaded
+void keep_prepared(Step& s);     // what the runs reuse
+// Once per layer (run):
+Status use_prepared(Step& s);    // the prepared batch's slot and layout for this layer
+void route(Step& s);             // a Route per sequence for this layer's role
 Status write_caches(Step& s);
 Status dense_attend(Step& s, const Run& run);
 Status sparse_run(Step& s, const Run& run);
