@@ -202,6 +202,7 @@ struct RunOpts {
   // 0: step(); 1: prepare() then run(); 2: run() alone (over what an earlier call prepared)
   int split = 0;
   Guarded* workspace = nullptr;  // instead of a fresh one (layers of one step share it)
+  int cu_seqlens = 0;  // 32 or 64: the batch as cu_seqlens of that width instead of q_lens
 };
 
 Result run_step(World& w, const RunOpts& o) {
@@ -223,6 +224,16 @@ Result run_step(World& w, const RunOpts& o) {
   StepParams p;
   p.role = o.role;
   p.q_lens = t_i32(w.q_lens.data(), {w.B});
+  std::vector<int32_t> cu32(1, 0);
+  std::vector<int64_t> cu64(1, 0);
+  for (int32_t q : w.q_lens) {
+    cu32.push_back(cu32.back() + q);
+    cu64.push_back(cu64.back() + q);
+  }
+  if (o.cu_seqlens) {
+    p.q_lens = TensorDesc{};
+    p.cu_seqlens = o.cu_seqlens == 64 ? t_i64(cu64.data(), {w.B + 1}) : t_i32(cu32.data(), {w.B + 1});
+  }
   p.kv_lens = t_i32(w.kv_lens.data(), {w.B});
   p.block_table = t_i32(w.block_table.data(), {w.B, w.max_blocks});
   p.kv_c = t_f32(w.kv_c.data(), {w.T, 512});
@@ -1086,4 +1097,38 @@ TEST(LayerStep, RefusedStepsLeaveBothCachesUntouched) {
       EXPECT_EQ(checksum(r.idx), idx0) << c.name << " (split " << split << "): the indexer cache was written";
     }
   }
+}
+
+// Engine-shaped inputs: cu_seqlens (i32 or i64, host) instead of q_lens gives the same step,
+// through step() and prepare() + run(); a malformed cu_seqlens is refused naming it.
+TEST(LayerStep, CuSeqlensEqualsQLens) {
+  World w(tiny_geometry(), mixed_batch(), 16, 97);
+  for (int64_t budget : {int64_t{kDefaultScoreBudgetBytes}, min_budget(w)}) {
+    RunOpts o;
+    o.budget = budget;
+    const Result ref = run_step(w, o);
+    for (int width : {32, 64}) {
+      for (int split : {0, 1}) {
+        RunOpts c = o;
+        c.cu_seqlens = width;
+        c.split = split;
+        const Result r = run_step(w, c);
+        expect_identical(ref, r, "cu_seqlens i" + std::to_string(width) + (split ? ", prepare + run" : ""));
+        EXPECT_EQ(r.report.rows[0], ref.report.rows[0]);
+      }
+    }
+  }
+  // Both forms, or a decreasing cu_seqlens: refused before anything is written.
+  Plan plan;
+  ASSERT_TRUE(make_plan(config_for(w, kDefaultScoreBudgetBytes), &plan).ok());
+  Attention attn(plan);
+  std::vector<int64_t> cu(static_cast<size_t>(w.B + 1), 0);
+  for (int64_t b = 0; b < w.B; ++b) cu[b + 1] = cu[b] + w.q_lens[b];
+  StepParams p;
+  p.q_lens = t_i32(w.q_lens.data(), {w.B});
+  p.cu_seqlens = t_i64(cu.data(), {w.B + 1});
+  EXPECT_TRUE(dsa_test::fails_naming(attn.prepare(p), {"q_lens, cu_seqlens", "both"}));
+  p.q_lens = TensorDesc{};
+  std::swap(cu[1], cu[2]);
+  EXPECT_TRUE(dsa_test::fails_naming(attn.prepare(p), {"cu_seqlens[2]", "expected >="}));
 }

@@ -36,7 +36,10 @@ struct StepParams {
   // decode with next_n tokens) and kv_lens[b] tokens in the cache after the step; its new token
   // i sits at position kv_lens[b] - q_lens[b] + i and sees keys 0 .. that position. Tokens are
   // ordered by sequence: T = Σ q_lens.
-  TensorDesc q_lens;       // [B] i32, host memory
+  TensorDesc q_lens;       // [B] i32, host memory (or cu_seqlens)
+  TensorDesc cu_seqlens;   // alternative to q_lens: [B + 1] i32/i64, host memory, 0 = cu[0] <= cu[1] <= ...;
+                           // q_len[b] = cu[b + 1] - cu[b] (vLLM query_start_loc, host copy;
+                           // SGLang extend_start_loc with extend_seq_lens appended)
   TensorDesc kv_lens;      // [B] i32, host memory
   TensorDesc block_table;  // [B, max_blocks] i32 on the device: pages of both caches
   TensorDesc positions;    // optional [T] i32 on the device: RoPE positions (default: cache positions)

@@ -23,6 +23,14 @@ Status internal(const std::string& what) {
   return Status(StatusCode::kInternal, std::string(kOp) + ": " + what + " (a planner bug: please report it)");
 }
 
+std::string describe(const TensorDesc& t) {
+  if (!t.present()) return "none";
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  s += std::string("] ") + dtype_name(t.dtype) + " on " + device_type_name(t.device.type);
+  return s;
+}
+
 TensorDesc rows(const TensorDesc& t, int64_t r0, int64_t n) {
   TensorDesc s = t;
   if (!t.present()) return s;

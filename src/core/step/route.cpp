@@ -25,7 +25,7 @@ void row_tables(Step& s) {
   const int64_t B = s.shape.B;
   int64_t t = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const int32_t ql = p.q_lens.ptr<const int32_t>()[b * p.q_lens.stride[0]];
+    const int32_t ql = static_cast<int32_t>(batch_q_len(p, b));
     const int32_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
     s.state.q_lens[static_cast<size_t>(b)] = ql;
     s.kv_lens_h[b] = kl;

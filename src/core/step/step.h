@@ -47,6 +47,20 @@ inline double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+// The batch's query lengths: q_lens [B] i32, or cu_seqlens [B + 1] i32/i64 (validated first).
+inline int64_t cu_at(const TensorDesc& c, int64_t i) {
+  return c.dtype == DType::kI64 ? c.ptr<const int64_t>()[i * c.stride[0]] : c.ptr<const int32_t>()[i * c.stride[0]];
+}
+inline int64_t batch_size(const StepParams& p) {
+  return p.cu_seqlens.present() ? p.cu_seqlens.shape[0] - 1 : p.q_lens.shape[0];
+}
+inline int64_t batch_q_len(const StepParams& p, int64_t b) {
+  if (p.cu_seqlens.present()) return cu_at(p.cu_seqlens, b + 1) - cu_at(p.cu_seqlens, b);
+  return p.q_lens.ptr<const int32_t>()[b * p.q_lens.stride[0]];
+}
+// "[2, 3] i64 on cuda:0", "none": what an argument was.
+std::string describe(const TensorDesc& t);
+
 // Rows [r0, r0 + n) of a tensor (strides kept).
 TensorDesc rows(const TensorDesc& t, int64_t r0, int64_t n);
 TensorDesc dev_tensor(const void* p, DType d, std::initializer_list<int64_t> shape, Device dev);

@@ -63,7 +63,7 @@ Status check_contents(const Plan& plan, const StepParams& p, int64_t B, bool sco
     const TensorDesc& in = p.indices_in;
     int64_t t = 0;
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t ql = p.q_lens.ptr<const int32_t>()[b * p.q_lens.stride[0]];
+      const int64_t ql = batch_q_len(p, b);
       const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
       if (kl <= plan.config.geometry.topk) {  // dense rows: indices_in is not read
         t += ql;
@@ -83,6 +83,26 @@ Status check_contents(const Plan& plan, const StepParams& p, int64_t B, bool sco
   return Status::Ok();
 }
 
+// q_lens [B] i32, or cu_seqlens [B + 1] i32/i64 (0, nondecreasing), in host memory.
+Status check_q_lens(const StepParams& p) {
+  if (!p.cu_seqlens.present()) {
+    if (!host_i32_vector(p.q_lens))
+      return invalid("q_lens: expected a [B] i32 tensor in host memory (or cu_seqlens [B + 1]), got " + describe(p.q_lens));
+    return Status::Ok();
+  }
+  const TensorDesc& c = p.cu_seqlens;
+  if (p.q_lens.present()) return invalid("q_lens, cu_seqlens: expected one of them, got both");
+  if ((c.dtype != DType::kI32 && c.dtype != DType::kI64) || c.ndim != 1 || c.shape[0] < 1 ||
+      c.device.type != DeviceType::kCPU || c.data == nullptr)
+    return invalid("cu_seqlens: expected a [B + 1] i32 or i64 tensor in host memory, got " + describe(c));
+  if (cu_at(c, 0) != 0) return invalid("cu_seqlens[0]: expected 0, got " + num(cu_at(c, 0)));
+  for (int64_t b = 0; b + 1 < c.shape[0]; ++b)
+    if (cu_at(c, b + 1) < cu_at(c, b))
+      return invalid("cu_seqlens[" + num(b + 1) + "]: expected >= cu_seqlens[" + num(b) + "] = " + num(cu_at(c, b)) +
+                     ", got " + num(cu_at(c, b + 1)));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
@@ -95,9 +115,9 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
   if (p.role != IndexerRole::kFull && p.role != IndexerRole::kShared && p.role != IndexerRole::kMtp)
     return invalid("role: expected full, shared or mtp");
   const bool scores = p.role != IndexerRole::kShared;
-  if (!host_i32_vector(p.q_lens)) return invalid("q_lens: expected a [B] i32 tensor in host memory");
+  if (Status st = check_q_lens(p); !st.ok()) return st;
   if (!host_i32_vector(p.kv_lens)) return invalid("kv_lens: expected a [B] i32 tensor in host memory");
-  const int64_t B = p.q_lens.shape[0];
+  const int64_t B = batch_size(p);
   if (p.kv_lens.shape[0] != B)
     return invalid("kv_lens: expected [B = " + num(B) + "] like q_lens, got [" + num(p.kv_lens.shape[0]) + "]");
   if (B > cfg.max_seqs_per_step)
@@ -111,7 +131,7 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
   if (p.q.device != dev) return invalid("q: expected on the plan's device " + std::string(device_type_name(dev.type)));
   int64_t sum_q = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t ql = p.q_lens.ptr<const int32_t>()[b * p.q_lens.stride[0]];
+    const int64_t ql = batch_q_len(p, b);
     const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
     if (ql < 0 || ql > kl)
       return invalid("q_lens[" + num(b) + "]: expected 0 <= q_len <= kv_len = " + num(kl) + ", got " + num(ql));
@@ -173,16 +193,16 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
 Status validate_batch(const Plan& plan, const StepParams& p, BatchShape* out) {
   const PlannerConfig& cfg = plan.config;
   const Device dev = cfg.device;
-  if (!host_i32_vector(p.q_lens)) return invalid("q_lens: expected a [B] i32 tensor in host memory");
+  if (Status st = check_q_lens(p); !st.ok()) return st;
   if (!host_i32_vector(p.kv_lens)) return invalid("kv_lens: expected a [B] i32 tensor in host memory");
-  const int64_t B = p.q_lens.shape[0];
+  const int64_t B = batch_size(p);
   if (p.kv_lens.shape[0] != B)
     return invalid("kv_lens: expected [B = " + num(B) + "] like q_lens, got [" + num(p.kv_lens.shape[0]) + "]");
   if (B > cfg.max_seqs_per_step)
     return limit("batch: B = " + num(B) + " sequences exceeds the plan's max_seqs_per_step = " + num(cfg.max_seqs_per_step));
   int64_t T = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t ql = p.q_lens.ptr<const int32_t>()[b * p.q_lens.stride[0]];
+    const int64_t ql = batch_q_len(p, b);
     const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
     if (ql < 0 || ql > kl)
       return invalid("q_lens[" + num(b) + "]: expected 0 <= q_len <= kv_len = " + num(kl) + ", got " + num(ql));
@@ -220,7 +240,7 @@ Status matches_prepared(const Step& s) {
     return invalid("q_lens: expected the prepared batch (B = " + num(pr.B) + ", T = " + num(pr.T) + "), got B = " +
                    num(s.shape.B) + ", T = " + num(s.shape.T));
   for (int64_t b = 0; b < pr.B; ++b) {
-    const int32_t ql = p.q_lens.ptr<const int32_t>()[b * p.q_lens.stride[0]];
+    const int32_t ql = batch_q_len(p, b);
     const int32_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
     if (ql != s.state.q_lens[static_cast<size_t>(b)] || kl != s.kv_lens_h[b])
       return invalid("q_lens, kv_lens: expected the prepared batch's; sequence " + num(b) + " was (" +
