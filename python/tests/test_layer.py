@@ -113,3 +113,38 @@ def test_attention_step_errors_name_arguments():
                   index_cache=idx_cache)
     with pytest.raises(TypeError, match="Attention: plan"):
         dsa.Attention("plan")
+
+
+def test_prepare_once_run_per_layer_equals_step():
+    q_lens, kv_lens, table, mla, idx_cache, cos_sin, new = _step_case(seed=62)
+    plan = dsa.plan(GEOM, page_size=16, max_tokens_per_step=64, max_seqs_per_step=4, max_context=112)
+    T = new["q"].shape[0]
+    layer_args = dict(index_q=new["index_q"], index_k=new["index_k"], index_w=new["index_w"], cos_sin=cos_sin,
+                      sm_scale=0.1)
+    ref_mla, ref_idx = mla.copy(), idx_cache.copy()
+    ref_ind = np.full((T, 64), -7, np.int32)
+    ref_out, ref_lse, ref_rep = dsa.Attention(plan).step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table,
+                                                         ref_mla, index_cache=ref_idx, indices_out=ref_ind,
+                                                         **layer_args)
+    attn = dsa.Attention(plan)  # one object, one workspace, every layer
+    prep = attn.prepare(q_lens, kv_lens, table)
+    assert prep["host_us"] > 0
+    ind = np.full((T, 64), -7, np.int32)
+    out, lse, rep = attn.run(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, mla, index_cache=idx_cache,
+                             indices_out=ind, **layer_args)
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(lse, ref_lse)
+    np.testing.assert_array_equal(ind, ref_ind)
+    np.testing.assert_array_equal(mla, ref_mla)
+    np.testing.assert_array_equal(idx_cache, ref_idx)
+    assert rep["seqs"] == ref_rep["seqs"] and rep["host_us"] > 0 and rep["gpu_timed"] is False
+    # The next layer (shared, over the full layer's indices) reuses the preparation.
+    mla2 = mla.copy()
+    out2, lse2, rep2 = attn.run(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, mla2, role="shared",
+                                indices_in=ind, sm_scale=0.1)
+    assert rep2["seqs"] == {"dense": 1, "sparse": 0, "shared": 1}
+    np.testing.assert_array_equal(out2, ref_out)  # the same selection, the same keys
+    # A run whose batch was not prepared is refused, naming the field.
+    with pytest.raises(ValueError, match="kv_lens"):
+        attn.run(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens + 1, table, mla, index_cache=idx_cache,
+                 **layer_args)
