@@ -127,6 +127,12 @@ if [ -x "$GPU_TESTS" ]; then
 else
   skip gpu_tests "dsa_gpu_tests not built"
 fi
+KERNEL_TESTS=$BUILD/tests/dsa_gpu_kernel_tests
+if [ -x "$KERNEL_TESTS" ]; then
+  step kernel_tests 60 "$KERNEL_TESTS" --gtest_output="xml:$OUT/kernel_tests.xml"
+else
+  skip kernel_tests "dsa_gpu_kernel_tests not built"
+fi
 if [ -x "$CPU_TESTS" ]; then
   step cpu_tests 120 "$CPU_TESTS" --gtest_output="xml:$OUT/cpu_tests.xml"
 else
