@@ -7,10 +7,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
+#include "cuda/hopper/hopper.cuh"
 #include "cuda/mla_attention_kernels.cuh"
+#include "cuda/mla_attention_sm90_kernels.cuh"
 
 namespace dsa {
 namespace gpu {
@@ -119,14 +123,15 @@ using TileKernel = void (*)(Problem);
 // Opting in to the large shared-memory carve-out is a property of the function, set on first
 // use of each kernel on each device (the value never changes, so a race only repeats it). It
 // is not a stream operation, so graph capture is unaffected.
-template <bool kDense, int kKv>
+template <bool kDense, int kKv, bool kWgmma = false>
 bool smem_opt_in(TileKernel kernel) {
   static std::atomic<uint64_t> done_devices{0};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
   if (bit && (done_devices.load(std::memory_order_acquire) & bit)) return true;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mla::kSmemBytes) != cudaSuccess)
+  const int bytes = kWgmma ? mla::sm90::kSmemBytes : mla::kSmemBytes;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
     return false;
   done_devices.fetch_or(bit, std::memory_order_acq_rel);
   return true;
@@ -146,6 +151,41 @@ StatusCode launch_tiles(const Problem& pr, const SplitPlan& plan, cudaStream_t s
         pr, static_cast<int>(plan.tiles));
   }
   return last_launch_status();
+}
+
+// The Hopper sparse kernel: same tiles, split plan and combine as the mma.sync one.
+template <int kKv>
+StatusCode launch_sparse_wgmma(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
+  const TileKernel kernel = mla::sm90::sparse_mla_wgmma_kernel<kKv>;
+  if (!smem_opt_in<false, kKv, true>(kernel)) {
+    cudaGetLastError();
+    return StatusCode::kDeviceError;
+  }
+  const dim3 grid(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.splits));
+  kernel<<<grid, mla::sm90::kThreads, mla::sm90::kSmemBytes, stream>>>(pr);
+  if (plan.splits > 1) {
+    mla::mla_combine_kernel<<<static_cast<unsigned>(plan.tiles * mla::kTileHeads), 128, 0, stream>>>(
+        pr, static_cast<int>(plan.tiles));
+  }
+  return last_launch_status();
+}
+
+// DSA_FORCE_KERNEL=mma_sync keeps the mma.sync kernel on sm_90a too (tests compare the two;
+// read on every call so a test can switch it).
+bool forced_mma_sync() {
+  const char* v = std::getenv("DSA_FORCE_KERNEL");
+  return v != nullptr && std::strcmp(v, "mma_sync") == 0;
+}
+
+// Which sparse kernel a call runs: wgmma on sm_90a for BF16 caches (flat or paged) with
+// 16-byte-aligned queries and keys; mma.sync otherwise (other GPUs, FP8 caches, odd strides).
+bool sparse_uses_wgmma(const SparseMlaParams& p) {
+  if (forced_mma_sync()) return false;
+  if (kv_kind(p.kv) == mla::kPagedFp8) return false;
+  const bool q_ok = aligned16(p.q.data) && p.q.stride[0] % 8 == 0 && p.q.stride[1] % 8 == 0;
+  const bool kv_ok = p.kv.flat.present() ? (aligned16(p.kv.flat.data) && p.kv.flat.stride[0] % 8 == 0) : true;
+  if (!q_ok || !kv_ok) return false;
+  return hopper::current_device_is_sm90a();
 }
 
 void attach_workspace(Problem& pr, const SplitPlan& plan, void* workspace) {
@@ -194,11 +234,19 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
   }
   attach_workspace(pr, plan, p.workspace);
   const cudaStream_t stream = as_stream(p.stream);
+  if (sparse_uses_wgmma(p)) {
+    return kv_kind(p.kv) == mla::kFlatBf16 ? launch_sparse_wgmma<mla::kFlatBf16>(pr, plan, stream)
+                                           : launch_sparse_wgmma<mla::kPagedBf16>(pr, plan, stream);
+  }
   switch (kv_kind(p.kv)) {
     case mla::kFlatBf16: return launch_tiles<false, mla::kFlatBf16>(pr, plan, stream);
     case mla::kPagedBf16: return launch_tiles<false, mla::kPagedBf16>(pr, plan, stream);
     default: return launch_tiles<false, mla::kPagedFp8>(pr, plan, stream);
   }
+}
+
+const char* sparse_mla_kernel_name(const SparseMlaParams& p) {
+  return sparse_uses_wgmma(p) ? "sparse_mla.wgmma_bf16" : "sparse_mla.mma_sync";
 }
 
 size_t dense_mla_workspace_size(const DenseMlaParams& p) { return dense_plan(p).workspace; }
