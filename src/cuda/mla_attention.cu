@@ -123,15 +123,14 @@ using TileKernel = void (*)(Problem);
 // Opting in to the large shared-memory carve-out is a property of the function, set on first
 // use of each kernel on each device (the value never changes, so a race only repeats it). It
 // is not a stream operation, so graph capture is unaffected.
-template <bool kDense, int kKv, bool kWgmma = false>
+template <bool kDense, int kKv>
 bool smem_opt_in(TileKernel kernel) {
   static std::atomic<uint64_t> done_devices{0};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
   if (bit && (done_devices.load(std::memory_order_acquire) & bit)) return true;
-  const int bytes = kWgmma ? mla::sm90::kSmemBytes : mla::kSmemBytes;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mla::kSmemBytes) != cudaSuccess)
     return false;
   done_devices.fetch_or(bit, std::memory_order_acq_rel);
   return true;
@@ -153,21 +152,44 @@ StatusCode launch_tiles(const Problem& pr, const SplitPlan& plan, cudaStream_t s
   return last_launch_status();
 }
 
-// The Hopper sparse kernel: same tiles, split plan and combine as the mma.sync one.
-template <int kKv>
-StatusCode launch_sparse_wgmma(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
-  const TileKernel kernel = mla::sm90::sparse_mla_wgmma_kernel<kKv>;
-  if (!smem_opt_in<false, kKv, true>(kernel)) {
-    cudaGetLastError();
-    return StatusCode::kDeviceError;
+// The Hopper sparse kernels: same tiles, split plan and combine as the mma.sync one. H <= 32
+// runs the transposed few-heads kernel with N = 8, 16 or 32 head columns.
+template <class Kernel>
+StatusCode launch_sparse_sm90(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& done_devices, const Problem& pr,
+                              const SplitPlan& plan, cudaStream_t stream) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return StatusCode::kDeviceError;
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (!bit || !(done_devices.load(std::memory_order_acquire) & bit)) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return StatusCode::kDeviceError;
+    }
+    done_devices.fetch_or(bit, std::memory_order_acq_rel);
   }
   const dim3 grid(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.splits));
-  kernel<<<grid, mla::sm90::kThreads, mla::sm90::kSmemBytes, stream>>>(pr);
+  kernel<<<grid, mla::sm90::kThreads, smem_bytes, stream>>>(pr);
   if (plan.splits > 1) {
     mla::mla_combine_kernel<<<static_cast<unsigned>(plan.tiles * mla::kTileHeads), 128, 0, stream>>>(
         pr, static_cast<int>(plan.tiles));
   }
   return last_launch_status();
+}
+
+template <int kKv>
+StatusCode launch_sparse_wgmma(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
+  static std::atomic<uint64_t> done64{0}, done8{0}, done16{0}, done32{0};
+  namespace s9 = mla::sm90;
+  if (pr.H <= 8)
+    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 8>, s9::FewHeadsLayout<8>::kSmemBytes, done8,
+                              pr, plan, stream);
+  if (pr.H <= 16)
+    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 16>, s9::FewHeadsLayout<16>::kSmemBytes,
+                              done16, pr, plan, stream);
+  if (pr.H <= 32)
+    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 32>, s9::FewHeadsLayout<32>::kSmemBytes,
+                              done32, pr, plan, stream);
+  return launch_sparse_sm90(s9::sparse_mla_wgmma_kernel<kKv>, s9::kSmemBytes, done64, pr, plan, stream);
 }
 
 // DSA_FORCE_KERNEL=mma_sync keeps the mma.sync kernel on sm_90a too (tests compare the two;
@@ -246,7 +268,8 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
 }
 
 const char* sparse_mla_kernel_name(const SparseMlaParams& p) {
-  return sparse_uses_wgmma(p) ? "sparse_mla.wgmma_bf16" : "sparse_mla.mma_sync";
+  if (!sparse_uses_wgmma(p)) return "sparse_mla.mma_sync";
+  return p.q.shape[1] <= 32 ? "sparse_mla.wgmma_bf16_few_heads" : "sparse_mla.wgmma_bf16";
 }
 
 size_t dense_mla_workspace_size(const DenseMlaParams& p) { return dense_plan(p).workspace; }

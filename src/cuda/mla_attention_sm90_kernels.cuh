@@ -84,6 +84,21 @@ constexpr int kBarMax = 1;
 constexpr int kBarP = 2;
 constexpr int kBarEpi = 3;
 
+// A value the compiler cannot see through: keeps loop-invariant descriptor arithmetic inside
+// the loop instead of hoisting dozens of 64-bit descriptors into registers.
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+  return x;
+}
+// A 128-byte-swizzle descriptor for the shared address `addr`.
+__device__ __forceinline__ uint64_t desc_at(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = (addr & 0x3FFFFu) >> 4;
+  d |= static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16;
+  d |= static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32;
+  d |= static_cast<uint64_t>(static_cast<uint32_t>(hopper::Swizzle::k128B)) << 62;
+  return d;
+}
+
 __device__ __forceinline__ void named_bar(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
@@ -98,6 +113,62 @@ __device__ __forceinline__ const uint8_t* key_row(const Problem& p, int64_t slot
   if (kKv == kFlatBf16) return p.kv.base + slot * p.kv.row_stride_bytes;
   const uint32_t blk = static_cast<uint32_t>(slot / p.kv.page_size);
   return p.kv.base + blk * p.kv.block_bytes + (slot - int64_t(blk) * p.kv.page_size) * p.kv.token_bytes;
+}
+
+// The producer warpgroup (threads 0..127): Q rows 0 .. kQRows-1 (zero past nh) once, then
+// key tile it into buffer it & 1 after the buffer's previous use was released (empty).
+template <int kKv, int kQRows>
+__device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys, int32_t begin, int32_t end,
+                                        int32_t n_tiles, int t, int h0, int nh, uint8_t* sQ, uint8_t* sK,
+                                        int* sValid, int* sAny, uint64_t* bar_full, uint64_t* bar_empty,
+                                        uint64_t* bar_q) {
+  if (n_tiles == 0) return;
+  const int tid = threadIdx.x;
+  const int grp = tid >> 3;  // 16 groups of 8 threads; group g owns rows g, g+16, g+32, g+48
+  const int sub = tid & 7;   // the 16-byte chunk within each 128-byte row segment
+  constexpr int kQBlock = kQRows * 128;  // Q's K blocks: kQRows rows x 128 B
+  for (int r = grp; r < kQRows; r += 16) {
+    const bool ok = r < nh;
+    const uint16_t* src = p.q + t * p.q_s0 + static_cast<int64_t>(h0 + (ok ? r : 0)) * p.q_s1;
+#pragma unroll
+    for (int b = 0; b < kKBlocks; ++b) {
+      const int ch = b * 8 + sub;
+      const uint32_t off = static_cast<uint32_t>(b * kQBlock + r * 128 + ((sub ^ (r & 7)) << 4));
+      mla::cp_async16(hopper::smem_addr(sQ + off),
+                      ok ? static_cast<const void*>(src + ch * 8) : static_cast<const void*>(p.q), ok ? 16 : 0);
+    }
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  hopper::fence_async_smem();
+  hopper::mbar_arrive(bar_q);
+
+  for (int32_t it = 0; it < n_tiles; ++it) {
+    const int buf = it & 1;
+    const int use = it >> 1;
+    if (use > 0) hopper::mbar_wait(&bar_empty[buf], (use - 1) & 1);
+    uint8_t* dst = sK + buf * kTileBytes;
+    bool any = false;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = grp + 16 * j;
+      const int32_t pos = begin + it * kTileKeys + r;
+      const int64_t slot = pos < end ? keys.slot(pos) : -1;
+      const bool ok = slot >= 0;
+      any |= ok;
+      const uint8_t* src = ok ? key_row<kKv>(p, slot) : p.kv.base;
+#pragma unroll
+      for (int b = 0; b < kKBlocks; ++b) {
+        const int ch = b * 8 + sub;
+        mla::cp_async16(hopper::smem_addr(dst + swz_offset(r, ch)), ok ? src + ch * 16 : p.kv.base, ok ? 16 : 0);
+      }
+      if (sub == 0) sValid[buf * 64 + r] = ok ? 1 : 0;
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, any);
+    if ((tid & 31) == 0) sAny[buf * 4 + (tid >> 5)] = ballot != 0u ? 1 : 0;
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    hopper::fence_async_smem();
+    hopper::mbar_arrive(&bar_full[buf]);  // release: rows and flags
+  }
 }
 
 template <int kKv>
@@ -141,56 +212,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
   __syncthreads();
 
   if (wg == 0) {
-    // ---------------- producer ----------------
     hopper::regs_decrease<kProducerRegs>();
-    if (n_tiles == 0) return;
-    const int grp = tid >> 3;   // 16 groups of 8 threads; group g owns rows g, g+16, g+32, g+48
-    const int sub = tid & 7;    // the 16-byte chunk within each 128-byte row segment
-    // Q: 64 rows x 72 chunks.
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int r = grp + 16 * j;
-      const bool ok = r < nh;
-      const uint16_t* src = p.q + t * p.q_s0 + static_cast<int64_t>(h0 + (ok ? r : 0)) * p.q_s1;
-#pragma unroll
-      for (int b = 0; b < kKBlocks; ++b) {
-        const int ch = b * 8 + sub;
-        mla::cp_async16(hopper::smem_addr(sQ + swz_offset(r, ch)), ok ? static_cast<const void*>(src + ch * 8)
-                                                                      : static_cast<const void*>(p.q),
-                        ok ? 16 : 0);
-      }
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    hopper::fence_async_smem();
-    hopper::mbar_arrive(bar_q);
-
-    for (int32_t it = 0; it < n_tiles; ++it) {
-      const int buf = it & 1;
-      const int use = it >> 1;
-      if (use > 0) hopper::mbar_wait(&bar_empty[buf], (use - 1) & 1);
-      uint8_t* dst = sK + buf * kTileBytes;
-      bool any = false;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = grp + 16 * j;
-        const int32_t pos = begin + it * kTileKeys + r;
-        const int64_t slot = pos < end ? keys.slot(pos) : -1;
-        const bool ok = slot >= 0;
-        any |= ok;
-        const uint8_t* src = ok ? key_row<kKv>(p, slot) : p.kv.base;
-#pragma unroll
-        for (int b = 0; b < kKBlocks; ++b) {
-          const int ch = b * 8 + sub;
-          mla::cp_async16(hopper::smem_addr(dst + swz_offset(r, ch)), ok ? src + ch * 16 : p.kv.base, ok ? 16 : 0);
-        }
-        if (sub == 0) sValid[buf * 64 + r] = ok ? 1 : 0;
-      }
-      const unsigned ballot = __ballot_sync(0xffffffffu, any);
-      if ((tid & 31) == 0) sAny[buf * 4 + (tid >> 5)] = ballot != 0u ? 1 : 0;
-      asm volatile("cp.async.wait_all;\n" ::: "memory");
-      hopper::fence_async_smem();
-      hopper::mbar_arrive(&bar_full[buf]);  // release: rows, flags
-    }
+    produce<kKv, kTileHeads>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_empty, bar_q);
     return;
   }
 
@@ -380,6 +403,346 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
         reinterpret_cast<uint16_t*>(out)[e] = reinterpret_cast<const uint16_t*>(smem + r * stage_stride_bytes)[d];
       else
         reinterpret_cast<float*>(out)[e] = reinterpret_cast<const float*>(smem + r * stage_stride_bytes)[d];
+    }
+  }
+#else
+  (void)p;
+  __trap();
+#endif
+}
+
+// ---- few heads (H <= 32): the transposed form ------------------------------------------------
+// With H < 64 a 64-row head tile would be mostly padding. Keys become the M side instead:
+//   S^T[64 keys x N]  = K · Q^T                 wgmma m64nNk16 SS (A = key rows, K-major)
+//   O^T[512 x N]     += V^T · P^T               8 x wgmma m64nNk16 SS (A = V^T: the same key
+//                                               rows read MN-major; B = P^T [N x 64] K-major)
+// N = 8, 16 or 32 (H rounded up). The two consumers take alternate key tiles (consumer c owns
+// buffer c), each with its own online-softmax state over all N heads and all 512 dims
+// (8 x N/2 f32 accumulators), merged once at the end: no per-tile exchange between them. The
+// softmax runs down the columns: the maximum over the tile's 64 keys is reduced over lanes and
+// the warpgroup's 4 warps (shared memory, a warpgroup barrier).
+template <int kN>
+struct FewHeadsLayout {
+  static constexpr int kQBlock = kN * 128;                     // one K block of Q: N rows x 128 B
+  static constexpr int kSmemQ = 0;
+  static constexpr int kSmemK = kKBlocks * kQBlock;            // multiple of 1024
+  static constexpr int kSmemP = kSmemK + 2 * kTileBytes;       // P^T [N x 64] per consumer
+  static constexpr int kSmemValid = kSmemP + 2 * kQBlock;      // int [2][64]
+  static constexpr int kSmemAny = kSmemValid + 2 * 64 * 4;     // int [2][4]
+  static constexpr int kSmemRed = kSmemAny + 2 * 4 * 4;        // float [2][4 warps][N]
+  static constexpr int kSmemML = kSmemRed + 2 * 4 * kN * 4;    // float2 [2][N]
+  static constexpr int kSmemBar = kSmemML + 2 * kN * 8;
+  static constexpr int kSmemUsed = kSmemBar + 5 * 8;
+  static constexpr int kSmemBytes = kSmemUsed + 1024;
+  static constexpr int kStageStride = kVDim + 4;               // f32 staging [N][516] at kSmemK
+  static_assert(kN * kStageStride * 4 <= 2 * kTileBytes, "staging fits in the key buffers");
+  static_assert(kSmemBytes <= 232448, "fits the 227 KiB opt-in");
+};
+
+// Warpgroup-local named barriers of the few-heads kernel (kBarEpi spans both consumers).
+constexpr int kBarColMax = 4;  // + consumer
+constexpr int kBarPt = 6;      // + consumer
+
+template <int kKv, int kN>
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel(const Problem p) {
+#if DSA_HOPPER_DEVICE
+  using L = FewHeadsLayout<kN>;
+  constexpr int kCols = kN / 4;  // head columns a thread holds
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sQ = smem + L::kSmemQ;
+  uint8_t* sK = smem + L::kSmemK;
+  int* sValid = reinterpret_cast<int*>(smem + L::kSmemValid);
+  int* sAny = reinterpret_cast<int*>(smem + L::kSmemAny);
+  float* sRed = reinterpret_cast<float*>(smem + L::kSmemRed);
+  float2* sML = reinterpret_cast<float2*>(smem + L::kSmemML);
+  uint64_t* bar_full = reinterpret_cast<uint64_t*>(smem + L::kSmemBar);
+  uint64_t* bar_empty = bar_full + 2;
+  uint64_t* bar_q = bar_full + 4;
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;
+  const int tile = blockIdx.x, split = blockIdx.y;
+  const int t = tile / p.head_groups;
+  const int h0 = (tile % p.head_groups) * kTileHeads;  // 0: H <= 32 is one group
+  const int nh = min(kN, p.H - h0);
+
+  SparseKeys keys;
+  keys.init(p, t);
+  const int32_t begin = split * p.split_keys;
+  int32_t end = keys.count;
+  if (p.splits > 1) end = min(end, begin + p.split_keys);
+  const int32_t n_tiles = end > begin ? (end - begin + kTileKeys - 1) / kTileKeys : 0;
+
+  if (tid == 0) {
+    hopper::mbar_init(&bar_full[0], 128);
+    hopper::mbar_init(&bar_full[1], 128);
+    hopper::mbar_init(&bar_empty[0], 128);  // buffer c is consumed by consumer c alone
+    hopper::mbar_init(&bar_empty[1], 128);
+    hopper::mbar_init(bar_q, 128);
+    hopper::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    hopper::regs_decrease<kProducerRegs>();
+    produce<kKv, kN>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_empty, bar_q);
+    return;
+  }
+
+  hopper::regs_increase<kConsumerRegs>();
+  const int c = wg - 1;      // consumes tiles c, c + 2, ... from buffer c
+  const int ct = tid - 128;  // 0..255 over both consumers
+  const int wt = tid & 127;
+  const int warp = wt >> 5, lane = wt & 31;
+  uint8_t* sPt = smem + L::kSmemP + c * L::kQBlock;
+  const uint8_t* kt = sK + c * kTileBytes;
+  // Accumulator i of an m64nN fragment: row 16 * warp + lane / 4 + 8 * ((i >> 1) & 1), column
+  // 8 * (i >> 2) + 2 * (lane & 3) + (i & 1); column slot j = 2 * (i >> 2) + (i & 1).
+  auto col_of = [&](int j) { return 8 * (j >> 1) + 2 * (lane & 3) + (j & 1); };
+
+  float o[8][kN / 2];
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) o[mb][i] = 0.f;
+  float m_run[kCols], l_run[kCols];
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) {
+    m_run[j] = -INFINITY;
+    l_run[j] = 0.f;
+  }
+
+  if (n_tiles > c) hopper::mbar_wait(bar_q, 0);
+  for (int32_t it = c; it < n_tiles; it += 2) {
+    hopper::mbar_wait(&bar_full[c], (it >> 1) & 1);
+    const int* valid = sValid + c * 64;
+    const bool any = (sAny[c * 4] | sAny[c * 4 + 1] | sAny[c * 4 + 2] | sAny[c * 4 + 3]) != 0;
+    if (!any) {
+      hopper::mbar_arrive(&bar_empty[c]);
+      continue;
+    }
+    float s[kN / 2];
+    const uint32_t k_addr = opaque(hopper::smem_addr(kt));
+    const uint32_t q_addr = opaque(hopper::smem_addr(sQ));
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kDim / 16; ++kk) {
+      const uint64_t da = desc_at(k_addr + (kk >> 2) * kBlockBytes + (kk & 3) * 32, kKMajorLbo, kKMajorSbo);
+      const uint64_t db = desc_at(q_addr + (kk >> 2) * L::kQBlock + (kk & 3) * 32, kKMajorLbo, kKMajorSbo);
+      hopper::wgmma_bf16_ss<kN, 0, 0>(s, da, db, kk > 0 ? 1 : 0);
+    }
+    hopper::wgmma_commit();
+    hopper::wgmma_wait<0>();
+    hopper::fence_regs(s);
+
+    // Mask and scale; column maxima over this thread's 2 keys, the warp's 16, the tile's 64.
+    // (One column slot at a time: few registers live beside the 8 x N/2 accumulators.)
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      const int key = 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1);
+      s[i] = valid[key] ? s[i] * p.scale_log2 : -INFINITY;
+    }
+    float* red = sRed + c * 4 * kN;
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int i0 = 4 * (j >> 1) + (j & 1);  // accumulators i0 and i0 + 2 hold slot j
+      float mx = fmaxf(s[i0], s[i0 + 2]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      if (lane < 4) red[warp * kN + col_of(j)] = mx;
+    }
+    named_bar(kBarColMax + c, 128);
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int col = col_of(j);
+      const float tile_max = fmaxf(fmaxf(red[col], red[kN + col]), fmaxf(red[2 * kN + col], red[3 * kN + col]));
+      const float m_new = fmaxf(m_run[j], tile_max);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no valid key yet: keep exp2 finite
+      const float alpha = exp2f(m_run[j] - m_use);           // m_run = -inf: 0
+      m_run[j] = m_new;
+      l_run[j] *= alpha;
+      const int i0 = 4 * (j >> 1) + (j & 1);
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) {
+        o[mb][i0] *= alpha;
+        o[mb][i0 + 2] *= alpha;
+      }
+    }
+    // P^T [head][key] in bf16, swizzled K-major.
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      const int j = 2 * (i >> 2) + (i & 1);
+      const float m_use = m_run[j] == -INFINITY ? 0.f : m_run[j];
+      const float pv = exp2f(s[i] - m_use);
+      l_run[j] += pv;
+      const int key = 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1);
+      const int head = col_of(j);
+      *reinterpret_cast<uint16_t*>(sPt + head * 128 + (((key >> 3) ^ (head & 7)) << 4) + (key & 7) * 2) =
+          float_to_bf16(pv);
+    }
+    hopper::fence_async_smem();
+    named_bar(kBarPt + c, 128);
+
+    // O^T += V^T · P^T: 8 blocks of 64 dims x 4 k-steps of 16 keys.
+    const uint32_t v_addr = opaque(hopper::smem_addr(kt));
+    const uint32_t p_addr = opaque(hopper::smem_addr(sPt));
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+      for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+        const uint64_t da = desc_at(v_addr + mb * kBlockBytes + kk * 16 * 128, kVLbo, kVSbo);
+        const uint64_t db = desc_at(p_addr + kk * 32, kKMajorLbo, kKMajorSbo);
+        hopper::wgmma_bf16_ss<kN, 1, 0>(o[mb], da, db, 1);
+      }
+    }
+    hopper::wgmma_commit();
+    hopper::wgmma_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb) hopper::fence_regs(o[mb]);
+    hopper::mbar_arrive(&bar_empty[c]);
+  }
+
+  // This consumer's column sums: over lanes with the same columns, then the 4 warps.
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) {
+    l_run[j] += __shfl_xor_sync(0xffffffffu, l_run[j], 4);
+    l_run[j] += __shfl_xor_sync(0xffffffffu, l_run[j], 8);
+    l_run[j] += __shfl_xor_sync(0xffffffffu, l_run[j], 16);
+  }
+  float* red = sRed + c * 4 * kN;
+  if (lane < 4) {
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) red[warp * kN + col_of(j)] = l_run[j];
+  }
+  named_bar(kBarColMax + c, 128);
+  if (warp == 0 && lane < 4) {
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int col = col_of(j);
+      sML[c * kN + col] = make_float2(m_run[j], red[col] + red[kN + col] + red[2 * kN + col] + red[3 * kN + col]);
+    }
+  }
+  named_bar(kBarEpi, 256);  // both states are in; every wgmma is done, the key buffers are free
+  // The merged state of column `col`: m, l and the two consumers' weights (recomputed where
+  // needed rather than held in registers beside the accumulators).
+  struct Merged {
+    float m, l, w0, w1;
+  };
+  auto merged = [&](int col) {
+    const float2 a = sML[col], b = sML[kN + col];
+    Merged r;
+    r.m = fmaxf(a.x, b.x);
+    r.w0 = a.y != 0.f ? exp2f(a.x - r.m) : 0.f;  // a state without keys has l = 0
+    r.w1 = b.y != 0.f ? exp2f(b.x - r.m) : 0.f;
+    r.l = a.y * r.w0 + b.y * r.w1;
+    return r;
+  };
+  // The output factor of column `col`: 1 / l with the sink, 0 without keys; lse beside it.
+  auto out_factor = [&](int col, const Merged& g, float& lse) {
+    const bool any = g.l != 0.f;  // NaN (from NaN in a valid key) propagates
+    lse = any ? (g.m + log2f(g.l)) * kLn2 : INFINITY;
+    float f = any ? 1.f / g.l : 0.f;
+    if (any && p.sink != nullptr && col < nh) f /= 1.f + expf(p.sink[static_cast<int64_t>(h0 + col) * p.sink_s] - lse);
+    return f;
+  };
+  float* stage = reinterpret_cast<float*>(sK);  // [N][516] f32
+  if (c == 1) {
+    float w[kCols];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) w[j] = merged(col_of(j)).w1;
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) {
+        const int dim = mb * 64 + 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1);
+        const int j = 2 * (i >> 2) + (i & 1);
+        stage[col_of(j) * L::kStageStride + dim] = o[mb][i] * w[j];
+      }
+  }
+  named_bar(kBarEpi, 256);
+  if (p.splits > 1) {
+    if (c == 0) {
+      const int64_t base_row = (static_cast<int64_t>(split) * gridDim.x + tile) * kTileHeads;
+      float w[kCols];
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) w[j] = merged(col_of(j)).w0;
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+        for (int i = 0; i < kN / 2; ++i) {
+          const int dim = mb * 64 + 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1);
+          const int j = 2 * (i >> 2) + (i & 1);
+          const int col = col_of(j);
+          if (col < nh) p.part_o[(base_row + col) * kVDim + dim] = stage[col * L::kStageStride + dim] + o[mb][i] * w[j];
+        }
+      if (warp == 0 && lane < 4) {
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) {
+          const Merged g = merged(col_of(j));
+          if (col_of(j) < nh) p.part_ml[base_row + col_of(j)] = make_float2(g.m, g.l);
+        }
+      }
+    }
+    return;
+  }
+  if (c == 0) {
+    float f[kCols], fw[kCols];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int col = col_of(j);
+      const Merged g = merged(col);
+      float lse;
+      f[j] = out_factor(col, g, lse);
+      fw[j] = f[j] * g.w0;
+      if (warp == 0 && lane < 4 && col < nh) p.lse[t * p.lse_s0 + static_cast<int64_t>(h0 + col) * p.lse_s1] = lse;
+    }
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) {
+        const int dim = mb * 64 + 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1);
+        const int j = 2 * (i >> 2) + (i & 1);
+        float* e = stage + col_of(j) * L::kStageStride + dim;
+        *e = *e * f[j] + o[mb][i] * fw[j];
+      }
+  }
+  named_bar(kBarEpi, 256);
+  uint8_t* out = static_cast<uint8_t*>(p.out);
+  if (p.out_bf16) {
+    if (p.out_aligned16) {
+      for (int i = ct; i < nh * (kVDim / 8); i += 256) {
+        const int r = i / (kVDim / 8), ch = i % (kVDim / 8);
+        const float* src = stage + r * L::kStageStride + ch * 8;
+        uint4 u;
+        u.x = pack_bf16(src[0], src[1]);
+        u.y = pack_bf16(src[2], src[3]);
+        u.z = pack_bf16(src[4], src[5]);
+        u.w = pack_bf16(src[6], src[7]);
+        *reinterpret_cast<uint4*>(out + (t * p.out_s0 + static_cast<int64_t>(h0 + r) * p.out_s1 + ch * 8) * 2) = u;
+      }
+    } else {
+      for (int i = ct; i < nh * kVDim; i += 256) {
+        const int r = i / kVDim, d = i % kVDim;
+        reinterpret_cast<uint16_t*>(out)[t * p.out_s0 + static_cast<int64_t>(h0 + r) * p.out_s1 + d] =
+            float_to_bf16(stage[r * L::kStageStride + d]);
+      }
+    }
+  } else {
+    if (p.out_aligned16) {
+      for (int i = ct; i < nh * (kVDim / 4); i += 256) {
+        const int r = i / (kVDim / 4), ch = i % (kVDim / 4);
+        *reinterpret_cast<float4*>(out + (t * p.out_s0 + static_cast<int64_t>(h0 + r) * p.out_s1 + ch * 4) * 4) =
+            *reinterpret_cast<const float4*>(stage + r * L::kStageStride + ch * 4);
+      }
+    } else {
+      for (int i = ct; i < nh * kVDim; i += 256) {
+        const int r = i / kVDim, d = i % kVDim;
+        reinterpret_cast<float*>(out)[t * p.out_s0 + static_cast<int64_t>(h0 + r) * p.out_s1 + d] =
+            stage[r * L::kStageStride + d];
+      }
     }
   }
 #else

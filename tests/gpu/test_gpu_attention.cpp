@@ -760,6 +760,12 @@ bool device_is_sm90() {
   return prop.major == 9 && prop.minor == 0;
 }
 
+// What the launcher should choose for these keys and heads (16-byte-aligned q).
+const char* expected_kernel(const HostKv& kv, int64_t H) {
+  if (!device_is_sm90() || kv.mode == KvMode::kPagedFp8) return "sparse_mla.mma_sync";
+  return H <= 32 ? "sparse_mla.wgmma_bf16_few_heads" : "sparse_mla.wgmma_bf16";
+}
+
 const char* kernel_for(const HostKv& kv, const SparseInputs& in) {
   dsa::SparseMlaParams p;
   alignas(256) static uint8_t dummy[64];
@@ -775,8 +781,7 @@ const char* kernel_for(const HostKv& kv, const SparseInputs& in) {
 // other, and repeat bit-identically.
 void check_both_kernels(const HostKv& kv, const SparseInputs& in, const Ref& ref, const std::string& what,
                         OutSpec os = {}) {
-  const bool hopper = device_is_sm90() && kv.mode != KvMode::kPagedFp8;
-  EXPECT_STREQ(kernel_for(kv, in), hopper ? "sparse_mla.wgmma_bf16" : "sparse_mla.mma_sync") << what;
+  EXPECT_STREQ(kernel_for(kv, in), expected_kernel(kv, in.q.H)) << what;
   const Result a = run_sparse(kv, in, true, os);
   expect_matches(a, ref, 2.0, (what + ": default kernel").c_str());
   const Result a2 = run_sparse(kv, in, true, os);
@@ -799,9 +804,14 @@ TEST(GpuSparseMlaWgmma, KernelChoice) {
   SparseInputs in;
   in.q = make_q(1, 64, 1);
   in.K = 4;
-  const bool hopper = device_is_sm90();
-  EXPECT_STREQ(kernel_for(flat, in), hopper ? "sparse_mla.wgmma_bf16" : "sparse_mla.mma_sync");
+  EXPECT_STREQ(kernel_for(flat, in), expected_kernel(flat, 64));
   EXPECT_STREQ(kernel_for(fp8, in), "sparse_mla.mma_sync");
+  for (int64_t H : {1, 8, 12, 16, 32, 33, 128}) {
+    SparseInputs few;
+    few.q = make_q(1, H, 1);
+    few.K = 4;
+    EXPECT_STREQ(kernel_for(flat, few), expected_kernel(flat, H)) << "H=" << H;
+  }
   {
     ForceMmaSync force;
     EXPECT_STREQ(kernel_for(flat, in), "sparse_mla.mma_sync");
@@ -824,7 +834,7 @@ TEST(GpuSparseMlaWgmma, HeadCountsAndTileEdges) {
     const HostKv kv = mode == KvMode::kFlat ? make_kv(mode, 3001, 0, 40, used) : make_kv(mode, 47, 64, 41, used);
     const int64_t last = kv.num_keys - 1;  // used: (3000 % 7, 3007 % 7) != 3
     ASSERT_TRUE(used(last));
-    for (int64_t H : {8, 16, 32, 64, 128}) {
+    for (int64_t H : {8, 16, 32, 64, 128, 3, 12, 40}) {  // and rounded-up N / partial groups
       SparseInputs in;
       in.q = make_q(T, H, 42 + H);
       in.K = K;
@@ -847,23 +857,26 @@ TEST(GpuSparseMlaWgmma, AllInvalidAndSinkInfinities) {
   DSA_REQUIRE_GPU();
   auto used = [](int64_t s) { return s < 150; };  // slots 150.. are NaN
   const HostKv kv = make_kv(KvMode::kPagedBf16, 4, 64, 50, used);
-  SparseInputs in;
-  const int64_t T = 4, H = 64;
-  in.q = make_q(T, H, 51);
-  in.K = 192;
-  in.indices = random_indices(T, in.K, kv.num_keys, 52, 0.3, used);
-  for (int64_t j = 0; j < in.K; ++j) {
-    in.indices[j] = j % 2 ? -1 : static_cast<int32_t>(kv.num_keys + j);  // row 0: nothing valid
-    in.indices[1 * in.K + j] = static_cast<int32_t>(150 + j % 100);       // row 1: only NaN slots...
+  for (int64_t H : {64, 16, 8}) {  // both Hopper kernels, without split-K (K = 192)
+    SparseInputs in;
+    const int64_t T = 4;
+    in.q = make_q(T, H, 51);
+    in.K = 192;
+    in.indices = random_indices(T, in.K, kv.num_keys, 52, 0.3, used);
+    for (int64_t j = 0; j < in.K; ++j) {
+      in.indices[j] = j % 2 ? -1 : static_cast<int32_t>(kv.num_keys + j);  // row 0: nothing valid
+      in.indices[1 * in.K + j] = static_cast<int32_t>(150 + j % 100);       // row 1: only NaN slots...
+    }
+    in.topk_length = {static_cast<int32_t>(in.K), 0, static_cast<int32_t>(in.K), 65};  // ...masked by length 0
+    in.sink.assign(static_cast<size_t>(H), 0.f);
+    for (int64_t h = 0; h < H; ++h)
+      in.sink[h] = h % 3 == 0 ? std::numeric_limits<float>::infinity()
+                              : (h % 3 == 1 ? -std::numeric_limits<float>::infinity() : 0.5f);
+    const Ref ref = reference(kv, in.q, sparse_keys(kv, in), in.sink, all_of(T), all_of(H));
+    const std::string what = "all invalid, sink +-inf, H=" + std::to_string(H);
+    check_both_kernels(kv, in, ref, what);
+    check_both_kernels(kv, in, ref, what + ", f32 out", {DType::kF32, 0});
   }
-  in.topk_length = {static_cast<int32_t>(in.K), 0, static_cast<int32_t>(in.K), 65};  // ...masked by length 0
-  in.sink.assign(static_cast<size_t>(H), 0.f);
-  for (int64_t h = 0; h < H; ++h)
-    in.sink[h] = h % 3 == 0 ? std::numeric_limits<float>::infinity()
-                            : (h % 3 == 1 ? -std::numeric_limits<float>::infinity() : 0.5f);
-  const Ref ref = reference(kv, in.q, sparse_keys(kv, in), in.sink, all_of(T), all_of(H));
-  check_both_kernels(kv, in, ref, "all invalid, sink +-inf");
-  check_both_kernels(kv, in, ref, "all invalid, sink +-inf, f32 out", {DType::kF32, 0});
 }
 
 // Decode batches: next_n = 2 rows per sequence, keys of the sequence's context; few tiles
