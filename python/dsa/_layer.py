@@ -90,7 +90,7 @@ class Attention:
     def step(self, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, *, role="full", index_q=None,
              index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
              attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
-             lse=None, workspace=None, stream=None):
+             lse=None, workspace=None, stream=None, time_stages=False):
         """One step of the layer (SPEC 6): writes the new tokens into mla_cache (and index_cache),
         routes each sequence (dense when kv_len <= topk and nothing consumes its indices, else
         scored sparse; 'shared' layers reuse indices_in), and attends.
@@ -103,7 +103,9 @@ class Attention:
         layer's request-local selection.
 
         Returns (out [T, H, 512], lse [T, H] f32, report): report is a dict (sequences and rows per
-        route, chunks, tiles, workspace and score-region high-water marks, per-stage ms).
+        route, chunks, tiles, workspace and score-region high-water marks, per-stage host ms
+        ms_*; with time_stages=True on CUDA also GPU ms per stage gpu_ms_*, gpu_timed True when
+        they were measured: the step then waits for its last stage; ignored while capturing).
         """
         op = "step"
         T, H, _ = _shape(op, "q", q, 3, "[T, H, 576]")
@@ -124,7 +126,8 @@ class Attention:
                     index_k=p(index_k), index_w=p(index_w), cos_sin=p(cos_sin), hadamard=bool(hadamard),
                     attn_sink=p(attn_sink), sm_scale=float(sm_scale), mla_cache=p(mla_cache),
                     index_cache=p(index_cache), indices_in=p(indices_in), indices_out=p(indices_out),
-                    force_score=bool(force_score), out=p(out), lse=p(lse), workspace=p(workspace))
+                    force_score=bool(force_score), out=p(out), lse=p(lse), workspace=p(workspace),
+                    time_stages=bool(time_stages))
         with ctx.device_guard():
             report = self._impl.step(args, ctx.stream)
         return out, lse, report

@@ -166,6 +166,16 @@ py::dict report_dict(const dsa::StepReport& r) {
   DSA_PY_FIELD(ms_sparse);
   DSA_PY_FIELD(ms_dense);
   DSA_PY_FIELD(ms_total);
+  // GPU ms per stage (the step's time_stages on CUDA); gpu_timed says whether they were measured.
+  DSA_PY_FIELD(gpu_timed);
+  DSA_PY_FIELD(gpu_ms_cache);
+  DSA_PY_FIELD(gpu_ms_prepare);
+  DSA_PY_FIELD(gpu_ms_score);
+  DSA_PY_FIELD(gpu_ms_select);
+  DSA_PY_FIELD(gpu_ms_map);
+  DSA_PY_FIELD(gpu_ms_sparse);
+  DSA_PY_FIELD(gpu_ms_dense);
+  DSA_PY_FIELD(gpu_ms_total);
 #undef DSA_PY_FIELD
   return d;
 }
@@ -257,6 +267,7 @@ void bind_layer(py::module_& m) {
         p.indices_in = im.tensor(item(a, "indices_in"), "indices_in");
         p.indices_out = im.tensor(item(a, "indices_out"), "indices_out", Reinterpret::kNone, true);
         p.force_score = get<bool>(a, "force_score", false);
+        p.time_stages = get<bool>(a, "time_stages", false);
         p.out = im.tensor(item(a, "out"), "out", Reinterpret::kBF16, true);
         p.lse = im.tensor(item(a, "lse"), "lse", Reinterpret::kNone, true);
         if (!item(a, "workspace").is_none()) {

@@ -89,6 +89,17 @@ def test_attention_step_matches_the_standalone_ops():
     s_out, s_lse = dsa.sparse_mla(new["q"][3:], mla, local, 0.1, block_table=table, row_seq=row_seq)
     np.testing.assert_allclose(out[3:], s_out, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(lse[3:], s_lse, rtol=1e-6, atol=1e-6)
+    # time_stages is accepted everywhere; on the CPU it measures nothing on a device (the host
+    # times are the device times) and leaves the outputs as they were.
+    assert report["gpu_timed"] is False
+    out2, lse2, rep2 = attn.step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, mla,
+                                 index_q=new["index_q"], index_k=new["index_k"], index_w=new["index_w"],
+                                 cos_sin=cos_sin, index_cache=idx_cache, sm_scale=0.1, time_stages=True)
+    assert rep2["gpu_timed"] is False
+    for k in ("cache", "prepare", "score", "select", "map", "sparse", "dense", "total"):
+        assert rep2["gpu_ms_" + k] == 0.0
+    np.testing.assert_array_equal(out2, out)
+    np.testing.assert_array_equal(lse2, lse)
 
 
 def test_attention_step_errors_name_arguments():

@@ -1,5 +1,6 @@
 // Backend dispatch: the device the tensors live on picks the implementation.
 #pragma once
+#include "core/kernel_name.h"
 #include "core/validate.h"
 #include "cpu/cpu_ops.h"
 #if defined(DSA_WITH_CUDA)
@@ -9,13 +10,16 @@
 namespace dsa {
 namespace core {
 
-// DSA_DISPATCH(device, fn, params): cpu::fn(params) or gpu::fn(params) as a StatusCode.
+// DSA_DISPATCH(device, fn, params): cpu::fn(params) or gpu::fn(params) as a StatusCode. It
+// clears dsa::last_kernel_name first; the CUDA launchers set it again.
 #if defined(DSA_WITH_CUDA)
-#define DSA_DISPATCH(device, fn, params) \
-  ((device).type == ::dsa::DeviceType::kCUDA ? ::dsa::gpu::fn(params) : ::dsa::cpu::fn(params))
+#define DSA_DISPATCH(device, fn, params)  \
+  (::dsa::core::set_last_kernel_name(""), \
+   (device).type == ::dsa::DeviceType::kCUDA ? ::dsa::gpu::fn(params) : ::dsa::cpu::fn(params))
 #else
-#define DSA_DISPATCH(device, fn, params) \
-  ((device).type == ::dsa::DeviceType::kCUDA ? ::dsa::StatusCode::kUnsupported : ::dsa::cpu::fn(params))
+#define DSA_DISPATCH(device, fn, params)  \
+  (::dsa::core::set_last_kernel_name(""), \
+   (device).type == ::dsa::DeviceType::kCUDA ? ::dsa::StatusCode::kUnsupported : ::dsa::cpu::fn(params))
 #endif
 
 }  // namespace core

@@ -144,6 +144,11 @@ StatusCode launch_tiles(const Problem& pr, const SplitPlan& plan, cudaStream_t s
     return StatusCode::kDeviceError;
   }
   const dim3 grid(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.splits));
+  if (kDense) {
+    note_kernel(plan.splits > 1 ? "dense_mla.mma_sync+combine" : "dense_mla.mma_sync");
+  } else {
+    note_kernel(plan.splits > 1 ? "sparse_mla.mma_sync+combine" : "sparse_mla.mma_sync");
+  }
   kernel<<<grid, mla::kThreads, mla::kSmemBytes, stream>>>(pr);
   if (plan.splits > 1) {
     mla::mla_combine_kernel<<<static_cast<unsigned>(plan.tiles * mla::kTileHeads), 128, 0, stream>>>(

@@ -24,6 +24,7 @@ StatusCode topk(const TopkParams& p) {
     a.values = static_cast<float*>(p.values.data);
     a.v0 = p.values.stride[0];
   }
+  note_kernel("topk.radix12");
   topk_detail::topk_row_kernel<<<static_cast<unsigned>(M), topk_detail::kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
 }
@@ -51,6 +52,7 @@ StatusCode map_indices(const MapIndicesParams& p) {
     a.num_seqs = p.kv_start.shape[0];
   }
   constexpr int kThreads = 256;
+  note_kernel("map_indices.simt");
   topk_detail::map_indices_kernel<<<grid_for(M * K, kThreads), kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
 }
