@@ -160,8 +160,8 @@ StatusCode launch_tiles(const Problem& pr, const SplitPlan& plan, cudaStream_t s
 // The Hopper sparse kernels: same tiles, split plan and combine as the mma.sync one. H <= 32
 // runs the transposed few-heads kernel with N = 8, 16 or 32 head columns.
 template <class Kernel>
-StatusCode launch_sparse_sm90(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& done_devices, const Problem& pr,
-                              const SplitPlan& plan, cudaStream_t stream) {
+StatusCode launch_sparse_sm90(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& done_devices, const char* name,
+                              const char* name_split, const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return StatusCode::kDeviceError;
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
@@ -173,6 +173,7 @@ StatusCode launch_sparse_sm90(Kernel kernel, int smem_bytes, std::atomic<uint64_
     done_devices.fetch_or(bit, std::memory_order_acq_rel);
   }
   const dim3 grid(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.splits));
+  note_kernel(plan.splits > 1 ? name_split : name);
   kernel<<<grid, mla::sm90::kThreads, smem_bytes, stream>>>(pr);
   if (plan.splits > 1) {
     mla::mla_combine_kernel<<<static_cast<unsigned>(plan.tiles * mla::kTileHeads), 128, 0, stream>>>(
@@ -185,16 +186,19 @@ template <int kKv>
 StatusCode launch_sparse_wgmma(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
   static std::atomic<uint64_t> done64{0}, done8{0}, done16{0}, done32{0};
   namespace s9 = mla::sm90;
+  const char* few = "sparse_mla.wgmma_bf16_few_heads";
+  const char* few_split = "sparse_mla.wgmma_bf16_few_heads+combine";
   if (pr.H <= 8)
     return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 8>, s9::FewHeadsLayout<8>::kSmemBytes, done8,
-                              pr, plan, stream);
+                              few, few_split, pr, plan, stream);
   if (pr.H <= 16)
     return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 16>, s9::FewHeadsLayout<16>::kSmemBytes,
-                              done16, pr, plan, stream);
+                              done16, few, few_split, pr, plan, stream);
   if (pr.H <= 32)
     return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 32>, s9::FewHeadsLayout<32>::kSmemBytes,
-                              done32, pr, plan, stream);
-  return launch_sparse_sm90(s9::sparse_mla_wgmma_kernel<kKv>, s9::kSmemBytes, done64, pr, plan, stream);
+                              done32, few, few_split, pr, plan, stream);
+  return launch_sparse_sm90(s9::sparse_mla_wgmma_kernel<kKv>, s9::kSmemBytes, done64, "sparse_mla.wgmma_bf16",
+                            "sparse_mla.wgmma_bf16+combine", pr, plan, stream);
 }
 
 // DSA_FORCE_KERNEL=mma_sync keeps the mma.sync kernel on sm_90a too (tests compare the two;

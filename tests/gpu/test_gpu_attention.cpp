@@ -783,6 +783,9 @@ void check_both_kernels(const HostKv& kv, const SparseInputs& in, const Ref& ref
                         OutSpec os = {}) {
   EXPECT_STREQ(kernel_for(kv, in), expected_kernel(kv, in.q.H)) << what;
   const Result a = run_sparse(kv, in, true, os);
+  std::string launched = dsa::last_kernel_name();  // "<name>" or "<name>+combine"
+  launched = launched.substr(0, launched.find('+'));
+  EXPECT_EQ(launched, expected_kernel(kv, in.q.H)) << what;
   expect_matches(a, ref, 2.0, (what + ": default kernel").c_str());
   const Result a2 = run_sparse(kv, in, true, os);
   EXPECT_TRUE(a.raw == a2.raw) << what << ": repeated runs differ";
