@@ -30,6 +30,10 @@ StatusCode topk(const TopkParams& p);
 StatusCode map_indices(const MapIndicesParams& p);
 size_t sparse_mla_workspace_size(const SparseMlaParams& p);
 StatusCode sparse_mla(const SparseMlaParams& p);
+// The kernel sparse_mla(p) runs on the current device: "sparse_mla.wgmma_bf16" (sm_90a, BF16
+// cache, H > 32), "sparse_mla.wgmma_bf16_few_heads" (the same, H <= 32) or
+// "sparse_mla.mma_sync"; DSA_FORCE_KERNEL=mma_sync forces the last.
+const char* sparse_mla_kernel_name(const SparseMlaParams& p);
 size_t dense_mla_workspace_size(const DenseMlaParams& p);
 StatusCode dense_mla(const DenseMlaParams& p);
 // The kernel a call takes (for benchmarks): "dense_mla.wgmma_splitkv", "dense_mla.wgmma_splitkv_fp8",
