@@ -25,6 +25,10 @@ StatusCode write_mla_cache(const WriteMlaCacheParams& p);
 StatusCode read_mla_cache(const ReadMlaCacheParams& p);
 StatusCode indexer_logits(const IndexerLogitsParams& p);
 StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p);
+// The kernel the last indexer_logits / indexer_logits_paged call of this thread launched
+// ("indexer_logits.wgmma_fp8", "indexer_logits.mma_sync_f16", ...; "" before any), for the
+// bench's kernel report.
+const char* indexer_logits_last_kernel();
 size_t topk_workspace_size(const TopkParams& p);
 StatusCode topk(const TopkParams& p);
 StatusCode map_indices(const MapIndicesParams& p);

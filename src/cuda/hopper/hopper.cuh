@@ -135,6 +135,14 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
 
 // TMA tile loads into this CTA's shared memory, completing `bytes` on `bar` (coordinates in
 // elements, innermost first; out-of-range parts of the box are zero-filled).
+__device__ __forceinline__ void tma_load_1d(void* dst, const CUtensorMap* map, int32_t c0, uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+  const int32_t c[1] = {c0};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, c, bar);
+#else
+  (void)dst; (void)map; (void)c0; (void)bar; __trap();
+#endif
+}
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint64_t* bar) {
 #if __CUDA_ARCH__ >= 900
   const int32_t c[2] = {c0, c1};
