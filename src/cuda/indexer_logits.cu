@@ -29,8 +29,9 @@ logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc&
   a.w = static_cast<const float*>(w.data);
   a.w0 = w.stride[0];
   a.w1 = w.stride[1];
-  a.out = static_cast<float*>(out.data);
+  a.out = out.data;
   a.out0 = out.stride[0];
+  a.out_bf16 = out.dtype == DType::kBF16;
   a.rows = q.shape[0];
   a.heads = q.shape[1];
   a.width = out.shape[1];

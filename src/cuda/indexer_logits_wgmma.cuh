@@ -55,7 +55,7 @@ struct RowInfo {
 struct Args {
   const uint8_t* q; int64_t q0, q1;
   const float* w; int64_t w0, w1;
-  float* out; int64_t out0;
+  void* out; int64_t out0; bool out_bf16;  // f32 or bf16 logits (round to nearest even)
   int64_t rows, width, heads, col_offset;
   int64_t rows_per_block, row_blocks;
   int64_t tiles;                 // key tiles of the key space (flat: ceil(N / 64); paged: max_blocks)
@@ -171,6 +171,11 @@ __device__ __forceinline__ void item_tiles(const Args& a, int nrows, int64_t chu
     const int64_t t1 = imin((hi + kTileKeys - 1) / kTileKeys, c_hi);
     for (int64_t t = t0; t < t1; ++t) f(seq, mask, t);
   }
+}
+
+__device__ __forceinline__ void store_logit(const Args& a, int64_t r, int64_t c, float v) {
+  if (a.out_bf16) static_cast<uint16_t*>(a.out)[r * a.out0 + c] = float_to_bf16(v);
+  else static_cast<float*>(a.out)[r * a.out0 + c] = v;
 }
 
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
@@ -309,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const RowInfo& ri = rows_s[rr];
             const int64_t j = jt + key0 + 8 * hf;
             if (j < ri.lo || j >= ri.hi) return;
-            a.out[(row0 + rr) * a.out0 + (j - ri.base)] = ok ? sum * (hf ? sc1 : sc0) : -CUDART_INF_F;
+            store_logit(a, row0 + rr, j - ri.base, ok ? sum * (hf ? sc1 : sc0) : -CUDART_INF_F);
           };
           // Rows in groups of kGroup (<= 4) to bound the live partial sums.
           constexpr int kGroup = kRows < 4 ? kRows : 4;
@@ -384,9 +389,8 @@ __global__ void logits_fill_invalid_kernel(const Args a, const Keys keys) {
     vlo = ri.lo - ri.base;
     vhi = ri.hi - ri.base;
   }
-  float* out = a.out + r * a.out0;
-  for (int64_t c = threadIdx.x; c < vlo; c += blockDim.x) out[c] = -CUDART_INF_F;
-  for (int64_t c = vhi + threadIdx.x; c < a.width; c += blockDim.x) out[c] = -CUDART_INF_F;
+  for (int64_t c = threadIdx.x; c < vlo; c += blockDim.x) store_logit(a, r, c, -CUDART_INF_F);
+  for (int64_t c = vhi + threadIdx.x; c < a.width; c += blockDim.x) store_logit(a, r, c, -CUDART_INF_F);
 }
 
 }  // namespace logits_wg

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "gpu_util.h"
 #include "oracle/oracle_logits.h"
@@ -738,4 +739,63 @@ TEST(GpuLogits, WgmmaMmaOnlyHookRuns) {
   }
   edge_ranges(2048, 8, rng, &ks, &ke);
   flat_vs_oracle(64, 2048, ks, ke, 2048, 0, 821);
+}
+
+// BF16 logits on the device: bit-equal to the f32 logits of the same kernel rounded to nearest
+// even, on both kernels (wgmma, mma.sync) and both key sources.
+TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
+  DSA_REQUIRE_GPU();
+  Rng rng(900);
+  const int64_t N = 700, H = 32, W = 720;
+  std::vector<int32_t> ks, ke;
+  edge_ranges(N, 21, rng, &ks, &ke);
+  const int64_t M = static_cast<int64_t>(ks.size());
+  Queries Q = make_queries(rng, M, H);
+  std::vector<uint8_t> k(static_cast<size_t>(N * 128));
+  for (auto& b : k) b = random_e4m3(rng);
+  std::vector<float> kscale(static_cast<size_t>(N), 0.25f);
+  DeviceBuffer dq(Q.q), dw(Q.w), dk(k), dsc(kscale), dks(ks), dke(ke), d32(M * W * 4, 0xFF), d16(M * W * 2, 0xFF);
+  IndexerLogitsParams gp;
+  gp.q = dev_tensor(dq, DType::kE4M3, {M, H, 128});
+  gp.weights = dev_tensor(dw, DType::kF32, {M, H});
+  gp.k = dev_tensor(dk, DType::kE4M3, {N, 128});
+  gp.k_scale = dev_tensor(dsc, DType::kF32, {N});
+  gp.ks = dev_tensor(dks, DType::kI32, {M});
+  gp.ke = dev_tensor(dke, DType::kI32, {M});
+  for (const char* kernel : {"", "mma"}) {
+    SCOPED_TRACE(kernel);
+    std::unique_ptr<ScopedLogitsKernel> force;
+    if (*kernel) force.reset(new ScopedLogitsKernel(kernel));
+    gp.logits = dev_tensor(d32, DType::kF32, {M, W});
+    DSA_ASSERT_OK(indexer_logits(gp));
+    gp.logits = dev_tensor(d16, DType::kBF16, {M, W});
+    DSA_ASSERT_OK(indexer_logits(gp));
+    ASSERT_TRUE(device_clean());
+    const std::vector<float> f = d32.download<float>();
+    const std::vector<uint16_t> b = d16.download<uint16_t>();
+    for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(b[i], float_to_bf16(f[i])) << i;
+  }
+  // Paged decode, next_n 2.
+  PagedCache pc = make_paged(rng, {1000, 65}, 64, 2);
+  Queries Q2 = make_queries(rng, pc.B * 2, 64);
+  DeviceBuffer pq(Q2.q), pw(Q2.w), pcache(pc.bytes), ptable(pc.table), plens(pc.lens), p32(pc.B * 2 * 1024 * 4, 0xFF),
+      p16(pc.B * 2 * 1024 * 2, 0xFF);
+  IndexerLogitsPagedParams pp;
+  pp.q = dev_tensor(pq, DType::kE4M3, {pc.B * 2, 64, 128});
+  pp.weights = dev_tensor(pw, DType::kF32, {pc.B * 2, 64});
+  pp.cache.data = pcache.data();
+  pp.cache.device = cuda_device(0);
+  pp.cache.num_blocks = pc.blocks;
+  pp.cache.page_size = pc.page;
+  pp.block_table = dev_tensor(ptable, DType::kI32, {pc.B, pc.max_blocks});
+  pp.kv_lens = dev_tensor(plens, DType::kI32, {pc.B});
+  pp.next_n = 2;
+  pp.logits = dev_tensor(p32, DType::kF32, {pc.B * 2, 1024});
+  DSA_ASSERT_OK(indexer_logits_paged(pp));
+  pp.logits = dev_tensor(p16, DType::kBF16, {pc.B * 2, 1024});
+  DSA_ASSERT_OK(indexer_logits_paged(pp));
+  ASSERT_TRUE(device_clean());
+  const std::vector<float> f = p32.download<float>();
+  const std::vector<uint16_t> b = p16.download<uint16_t>();
+  for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(b[i], float_to_bf16(f[i])) << i;
 }
