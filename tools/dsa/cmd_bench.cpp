@@ -49,8 +49,9 @@ struct Options {
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: dsa bench [options]\n"
-               "  --op NAME[,NAME]   only these ops: indexer_logits, topk, sparse_mla_prefill,\n"
-               "                     sparse_mla_decode, dense_mla_decode, dense_mla_prefill\n"
+               "  --op NAME[,NAME]   only these ops: indexer_logits, indexer_logits_paged, topk,\n"
+               "                     sparse_mla_prefill, sparse_mla_decode, dense_mla_decode,\n"
+               "                     dense_mla_prefill\n"
                "  --quick            fewer shapes and runs (whole run well under a minute)\n"
                "  --json [PATH]      JSON results to PATH (or stdout) instead of the table\n"
                "  --warmup N         untimed runs per shape (default 3; quick 2)\n"
@@ -126,8 +127,8 @@ bool parse(int argc, char** argv, Options* o) {
   return true;
 }
 
-const char* const kOpNames[] = {"indexer_logits", "topk", "sparse_mla_prefill", "sparse_mla_decode",
-                                "dense_mla_decode", "dense_mla_prefill"};
+const char* const kOpNames[] = {"indexer_logits", "indexer_logits_paged", "topk", "sparse_mla_prefill",
+                                "sparse_mla_decode", "dense_mla_decode", "dense_mla_prefill"};
 
 bool ops_known(const Options& o) {
   for (const auto& name : o.ops) {
@@ -369,6 +370,60 @@ Result bench_indexer_logits(const Options& o, const Pools& pools, int64_t M, int
   return r;
 }
 
+// Decode rows over the paged indexer cache (SPEC §4, pages of 64): B sequences of ctx tokens,
+// next_n rows each, pages in a shuffled order; every key is visible to every row.
+Result bench_indexer_logits_paged(const Options& o, const Pools& pools, int64_t B, int64_t nn, int64_t H, int64_t ctx) {
+  Result r;
+  r.op = "indexer_logits_paged";
+  r.shape = "B=" + std::to_string(B) + " next_n=" + std::to_string(nn) + " H=" + std::to_string(H) +
+            " ctx=" + std::to_string(ctx);
+  constexpr int64_t kPage = 64;
+  const int64_t R = B * nn, pages = ctx / kPage, blocks = B * pages, bb = kPage * dsa::kIndexerTokenBytes;
+  r.work.flops = 2.0 * 128 * H * static_cast<double>(R) * ctx;
+  r.work.bytes = static_cast<double>(B) * ctx * dsa::kIndexerTokenBytes + static_cast<double>(R) * ctx * 4;
+  r.work.fp8 = true;
+  const int sets = rotation_sets(o, static_cast<double>(blocks) * bb);
+  Rng rng(13);
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  for (int64_t i = blocks - 1; i > 0; --i) std::swap(table[static_cast<size_t>(i)], table[rng.next() % static_cast<uint64_t>(i + 1)]);
+  std::vector<float> scales(static_cast<size_t>(blocks * kPage));
+  for (auto& x : scales) x = std::ldexp(1.f, -4 - static_cast<int>(rng.next() % 6));
+  std::vector<Buf> q, w, cache;
+  bool ok = true;
+  for (int s = 0; s < sets; ++s) {
+    q.emplace_back(R * H * 128);
+    w.emplace_back(R * H * 4);
+    cache.emplace_back(static_cast<size_t>(blocks * bb));
+    ok = ok && q.back().ok() && w.back().ok() && cache.back().ok() && pools.e4m3.fill(q.back().get(), q.back().bytes(), rng) &&
+         pools.f32.fill(w.back().get(), w.back().bytes(), rng) && pools.e4m3.fill(cache.back().get(), cache.back().bytes(), rng) &&
+         cudaMemcpy2D(static_cast<uint8_t*>(cache.back().get()) + kPage * 128, static_cast<size_t>(bb), scales.data(),
+                      kPage * 4, kPage * 4, static_cast<size_t>(blocks), cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+  std::vector<int32_t> lens(static_cast<size_t>(B), static_cast<int32_t>(ctx));
+  Buf dtable(static_cast<size_t>(blocks * 4)), dlens(static_cast<size_t>(B * 4)), logits(static_cast<size_t>(R * ctx * 4));
+  ok = ok && dtable.ok() && dlens.ok() && logits.ok() &&
+       cudaMemcpy(dtable.get(), table.data(), static_cast<size_t>(blocks * 4), cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dlens.get(), lens.data(), static_cast<size_t>(B * 4), cudaMemcpyHostToDevice) == cudaSuccess;
+  if (!ok) { r.error = fail_alloc(); return r; }
+  const dsa::Device d = dev0(o);
+  time_op(o, sets, [&](int s) {
+    dsa::IndexerLogitsPagedParams p;
+    p.q = dsa::make_tensor(q[s].get(), dsa::DType::kE4M3, {R, H, 128}, d);
+    p.weights = dsa::make_tensor(w[s].get(), dsa::DType::kF32, {R, H}, d);
+    p.cache.data = cache[s].get();
+    p.cache.device = d;
+    p.cache.num_blocks = blocks;
+    p.cache.page_size = kPage;
+    p.block_table = dsa::make_tensor(dtable.get(), dsa::DType::kI32, {B, pages}, d);
+    p.kv_lens = dsa::make_tensor(dlens.get(), dsa::DType::kI32, {B}, d);
+    p.next_n = nn;
+    p.logits = dsa::make_tensor(logits.get(), dsa::DType::kF32, {R, ctx}, d);
+    return dsa::indexer_logits_paged(p);
+  }, &r);
+  return r;
+}
+
 Result bench_topk(const Options& o, const Pools& pools, int64_t M, int64_t W, int64_t K) {
   Result r;
   r.op = "topk";
@@ -578,6 +633,15 @@ int cmd_bench(int argc, char** argv) {
     const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{64} : std::vector<int64_t>{32, 64};
     for (int64_t N : Ns)
       for (int64_t H : Hs) cases.push_back([&o, N, H](const Pools& p) { return bench_indexer_logits(o, p, 4096, N, H); });
+  }
+  if (selected(o, "indexer_logits_paged")) {
+    const std::vector<int64_t> ctxs = o.quick ? std::vector<int64_t>{32768} : std::vector<int64_t>{32768, 131072};
+    const std::vector<int64_t> nns = o.quick ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1, 2, 4};
+    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{64} : std::vector<int64_t>{32, 64};
+    for (int64_t H : Hs)
+      for (int64_t ctx : ctxs)
+        for (int64_t nn : nns)
+          cases.push_back([&o, nn, H, ctx](const Pools& p) { return bench_indexer_logits_paged(o, p, 64, nn, H, ctx); });
   }
   if (selected(o, "topk")) {
     cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 64, 65536, 2048); });
