@@ -39,7 +39,7 @@ constexpr int kTileBytes = kTileKeys * kD;    // 8192
 constexpr int kStages = 12;                   // TMA ring depth (96 KiB)
 constexpr int kThreads = 384;                 // producer warpgroup + 2 consumer warpgroups
 constexpr int kProducerRegs = 56;
-constexpr int kConsumerRegs = 224;            // 128 * 56 + 256 * 224 = 64512 <= 65536
+constexpr int kConsumerRegs = 224;  // 128 * 56 + 256 * 224 = 64512 = 168 * 384, the CTA's registers at launch
 constexpr int kMaxN = 256;                    // wgmma N limit: kRows * kHeads
 // Rows of a prefill-shaped block: N = 256 columns, except 16 heads: 8 rows, N = 128 (16 rows
 // spill in the paged instantiation; 16 heads is not a model's shape).
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto get = [&](int i) { return keys.row(row0 + i, a.col_offset, a.width); };
       item_tiles(a, nrows, chunk, get, [&](int32_t seq, uint32_t, int64_t t) {
         const uint32_t s = g % kStages, ph = (g / kStages) & 1u;
-        hopper::mbar_wait(&empty[s], ph ^ 1u);
+        hopper::mbar_wait_or_trap(&empty[s], ph ^ 1u);
         int64_t blk;
         if (keys.tile_block(seq, t, &blk)) {
           hopper::mbar_arrive_expect_tx(&full[s], kTileBytes + kTileKeys * 4);
@@ -288,6 +288,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         int64_t blk;
         const bool ok = keys.tile_block(seq, t, &blk);
         const int key0 = 16 * warp + lane / 4;  // this thread's keys: key0, key0 + 8
+        // A plain wait here (the bounded one costs the 128-accumulator variants spills): a
+        // producer issuing more tiles than the consumers take traps on its empty-ring wait; the
+        // reverse would hang, which the shared item_tiles order rules out.
         hopper::mbar_wait(&full[s], ph);
         float sc0 = 0.f, sc1 = 0.f;  // the two keys' scales (read before the stage is released)
         if (kEpilogue && ok) {

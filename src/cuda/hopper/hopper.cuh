@@ -114,6 +114,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!mbar_test(bar, parity)) {
   }
 }
+// The same, but a phase that never completes (a pipeline bug) traps after ~2^28 polls (seconds)
+// instead of hanging the device: the launch then fails with a device error.
+__device__ __forceinline__ void mbar_wait_or_trap(uint64_t* bar, uint32_t parity) {
+  uint32_t polls = 0;
+  while (!mbar_test(bar, parity)) {
+    if (++polls == (1u << 28)) __trap();
+  }
+}
 
 // Generic-proxy writes to shared memory (st.shared, stmatrix) that wgmma or a bulk copy reads
 // next: each writing thread fences, then the threads synchronise.
