@@ -39,7 +39,7 @@ Status indexer_logits(const IndexerLogitsParams& p) {
   c.tensor(p.k_scale, "k_scale", {DType::kF32}, {{N, "N"}}, false);
   c.tensor(p.ks, "ks", {DType::kI32}, {{M, "M"}}, false);
   c.tensor(p.ke, "ke", {DType::kI32}, {{M, "M"}}, false);
-  c.tensor(p.logits, "logits", {DType::kF32}, {{M, "M"}, "W"});
+  c.tensor(p.logits, "logits", {DType::kF32, DType::kBF16}, {{M, "M"}, "W"});
   c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
             "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
   if (!c.ok()) return c.status();
@@ -86,7 +86,7 @@ Status indexer_logits_paged(const IndexerLogitsPagedParams& p) {
               "expected R == B * next_n = " + std::to_string(B) + " * " + std::to_string(p.next_n) +
                   " rows (decode form), got R = " + std::to_string(R));
   }
-  c.tensor(p.logits, "logits", {DType::kF32}, {{R, "R"}, "W"});
+  c.tensor(p.logits, "logits", {DType::kF32, DType::kBF16}, {{R, "R"}, "W"});
   c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
             "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
   if (!c.ok()) return c.status();

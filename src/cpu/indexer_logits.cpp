@@ -180,17 +180,28 @@ void run_chunk(const Tile& t, int64_t c0, int64_t c1, const Keys& keys, const Te
     std::fill(sc.s.begin(), sc.s.end(), 0.f);
     score_block(sc.q.data(), sc.w.data(), t.rows * H, H, kt, sc.s.data());
     for (int r = 0; r < t.rows; ++r) {
-      float* orow = out.ptr<float>() + t.row[r] * out.stride[0];
       const float* srow = sc.s.data() + r * kKeyBlock;
       const int64_t valid_end = std::min(nk, std::max<int64_t>(t.nvalid[r] - b0, 0));
-      for (int64_t c = 0; c < valid_end; ++c) orow[b0 + c] = srow[c] * sc.ks[c];
-      for (int64_t c = valid_end; c < nk; ++c) orow[b0 + c] = ninf;
+      if (out.dtype == DType::kBF16) {
+        uint16_t* orow = out.ptr<uint16_t>() + t.row[r] * out.stride[0];
+        for (int64_t c = 0; c < valid_end; ++c) orow[b0 + c] = float_to_bf16(srow[c] * sc.ks[c]);
+        for (int64_t c = valid_end; c < nk; ++c) orow[b0 + c] = float_to_bf16(ninf);
+      } else {
+        float* orow = out.ptr<float>() + t.row[r] * out.stride[0];
+        for (int64_t c = 0; c < valid_end; ++c) orow[b0 + c] = srow[c] * sc.ks[c];
+        for (int64_t c = valid_end; c < nk; ++c) orow[b0 + c] = ninf;
+      }
     }
   }
   const int64_t tail = std::max(c0, compute_end);
   for (int r = 0; r < t.rows; ++r) {
-    float* orow = out.ptr<float>() + t.row[r] * out.stride[0];
-    for (int64_t c = tail; c < c1; ++c) orow[c] = ninf;
+    if (out.dtype == DType::kBF16) {
+      uint16_t* orow = out.ptr<uint16_t>() + t.row[r] * out.stride[0];
+      for (int64_t c = tail; c < c1; ++c) orow[c] = float_to_bf16(ninf);
+    } else {
+      float* orow = out.ptr<float>() + t.row[r] * out.stride[0];
+      for (int64_t c = tail; c < c1; ++c) orow[c] = ninf;
+    }
   }
 }
 
