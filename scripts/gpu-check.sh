@@ -123,7 +123,9 @@ GPU_TESTS=$BUILD/tests/dsa_gpu_tests
 # ---- tests ------------------------------------------------------------------------------
 # GPU first: they are what this machine is for; the CPU suite also runs in CI.
 if [ -x "$GPU_TESTS" ]; then
-  step gpu_tests 150 "$GPU_TESTS" --gtest_output="xml:$OUT/gpu_tests.xml"
+  # One process per test under CTest, so a hung kernel costs its own timeout, not the suite.
+  step gpu_tests "${DSA_GPU_TESTS_CAP:-240}" ctest --test-dir "$BUILD" -L gpu -j "${DSA_GPU_TEST_JOBS:-4}" \
+    --timeout "${DSA_GPU_TEST_TIMEOUT:-120}" --output-on-failure --output-junit "$OUT/gpu_tests.xml"
 else
   skip gpu_tests "dsa_gpu_tests not built"
 fi
@@ -230,7 +232,7 @@ FAILS=$(awk -F'\t' '$2 == "FAIL" || $2 == "TIMEOUT"' "$OUT/steps.tsv" | wc -l)
   echo
   if [ -f "$OUT/gpu_tests.log" ]; then
     echo "failed GPU tests:"
-    grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/gpu_tests.log" | sort -u | sed 's/^/  /' || true
+    { grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/gpu_tests.log"; grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception)' "$OUT/gpu_tests.log"; } | sort -u | sed 's/^/  /' || true
   fi
   echo "logs: $OUT"
   [ "$FAILS" -eq 0 ] && echo "RESULT: PASS" || echo "RESULT: FAIL ($FAILS step(s))"
