@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/mha_layout.h"
 #include "dsa/attention.h"
 #include "dsa/cache.h"
 #include "dsa/indexer.h"
@@ -32,6 +33,11 @@ size_t sparse_mla_workspace_size(const SparseMlaParams& p);
 StatusCode sparse_mla(const SparseMlaParams& p);
 size_t dense_mla_workspace_size(const DenseMlaParams& p);
 StatusCode dense_mla(const DenseMlaParams& p);
+// mha_prefill.cu
+StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::MhaGroup& g);
+// Internal (tests, bench): run the portable attention kernel even on sm_90a. Also set by
+// the environment variable DSA_MHA_KERNEL=portable (read once).
+void set_mha_force_portable(bool on);
 
 }  // namespace gpu
 }  // namespace dsa

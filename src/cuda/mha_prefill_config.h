@@ -1,0 +1,32 @@
+// Tile constants of the MHA-form prefill kernels (mha_prefill_kernels.cuh, mha_prefill_hopper.cuh).
+#pragma once
+
+namespace dsa {
+namespace gpu {
+namespace mha {
+
+constexpr int kRowElems = 576;       // gathered latent row [c_kv 512 | k_pe 64], bf16
+constexpr int kRopeElems = 64;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// latent gather: one warp per context token
+constexpr int kGatherThreads = 256;
+constexpr int kGatherTokens = kGatherThreads / 32;
+
+// portable attention kernel
+constexpr int kPortThreads = 128;
+constexpr int kPortRows = 16;        // query rows per block (4 per warp)
+constexpr int kPortKeys = 32;        // keys per shared-memory tile
+
+// Hopper attention kernel: 2 consumer warpgroups x 64 query rows, one producer warp(group);
+// key tiles of kHopKeys through a kHopStages-deep TMA / mbarrier ring.
+constexpr int kHopRowsPerWg = 64;
+constexpr int kHopConsumers = 2;
+constexpr int kHopRows = kHopRowsPerWg * kHopConsumers;  // 128 query rows per block
+constexpr int kHopKeys = 64;
+constexpr int kHopStages = 2;
+constexpr int kHopThreads = 128 * (kHopConsumers + 1);
+
+}  // namespace mha
+}  // namespace gpu
+}  // namespace dsa
