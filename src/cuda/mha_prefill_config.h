@@ -18,14 +18,17 @@ constexpr int kPortThreads = 128;
 constexpr int kPortRows = 16;        // query rows per block (4 per warp)
 constexpr int kPortKeys = 32;        // keys per shared-memory tile
 
-// Hopper attention kernel: 2 consumer warpgroups x 64 query rows, one producer warp(group);
-// key tiles of kHopKeys through a kHopStages-deep TMA / mbarrier ring.
+// Hopper attention kernel: 2 consumer warpgroups x 64 query rows, one producer warpgroup
+// (one lane issues the copies; setmaxnreg moves its registers to the consumers);
+// key tiles of kHopKeys through a TMA / mbarrier ring (HopCfg::kStages deep).
 constexpr int kHopRowsPerWg = 64;
 constexpr int kHopConsumers = 2;
 constexpr int kHopRows = kHopRowsPerWg * kHopConsumers;  // 128 query rows per block
 constexpr int kHopKeys = 64;
-constexpr int kHopStages = 2;
+// stages: HopCfg (3 for qk + v <= 320, else 2)
 constexpr int kHopThreads = 128 * (kHopConsumers + 1);
+constexpr int kHopProducerRegs = 24;
+constexpr int kHopConsumerRegs = 240;  // (2 * 240 + 24) * 128 <= 64 Ki registers
 
 }  // namespace mha
 }  // namespace gpu

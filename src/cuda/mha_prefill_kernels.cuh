@@ -106,7 +106,15 @@ __global__ void __launch_bounds__(kGatherThreads) mha_gather_kernel(const Proble
   if (!sq.ok) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kGatherTokens + warp;
-  if (j >= sq.kv_len) return;
+  if (j >= sq.kv_len) {
+    // Strided groups: zero the sequence's padding rows, so that the attention kernels' tiles
+    // past the context hold finite keys and values (they are masked, and 0 · NaN would not be).
+    if (!p.packed && j < p.seq_stride) {
+      uint4* d4 = reinterpret_cast<uint4*>(p.latent + (sq.ctx0 + j) * kRowElems);
+      for (int c = lane; c < kRowElems / 8; c += 32) d4[c] = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
   const int b = p.b0 + blockIdx.y;
   const int32_t blk = p.block_table[static_cast<int64_t>(b) * p.bt_s0 + (j / p.page) * p.bt_s1];
   uint16_t* dst = p.latent + (sq.ctx0 + j) * kRowElems;
