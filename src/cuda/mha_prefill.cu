@@ -30,6 +30,7 @@ namespace {
 constexpr int kMaxDevices = 64;
 
 std::atomic<int> g_force_portable{-1};  // -1: read DSA_MHA_KERNEL once
+std::atomic<int> g_stages{3};
 
 bool force_portable() {
   int v = g_force_portable.load(std::memory_order_relaxed);
@@ -112,6 +113,7 @@ StatusCode launch_attention(const mha::Problem& pr, int64_t max_q, cudaStream_t 
 }  // namespace
 
 void set_mha_force_portable(bool on) { g_force_portable.store(on ? 1 : 0); }
+void set_mha_stages(int mask) { g_stages.store(mask & 3); }
 
 StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::MhaGroup& g) {
   const int64_t H = p.q_nope.shape[1], nope = p.q_nope.shape[2], v = p.out.shape[2];
@@ -175,14 +177,18 @@ StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::M
   }
   if (max_ctx == 0) return StatusCode::kOk;
   const cudaStream_t stream = as_stream(p.stream);
-  const dim3 ggrid(static_cast<unsigned>(ceil_div(max_ctx, mha::kGatherTokens)), static_cast<unsigned>(pr.nb));
-  mha::mha_gather_kernel<<<ggrid, mha::kGatherThreads, 0, stream>>>(pr);
-  StatusCode st = last_launch_status();
-  if (st != StatusCode::kOk) return st;
-  st = gemm(p.q_nope.device.index, stream, base + lay.extra, static_cast<size_t>(core::kMhaCublasWorkspace),
-            static_cast<int>(N), static_cast<int>(g.tokens), static_cast<const uint16_t*>(p.kv_b_proj.data),
-            p.kv_b_proj.stride[0], pr.latent, pr.kv);
-  if (st != StatusCode::kOk) return st;
+  const int stages = g_stages.load(std::memory_order_relaxed);
+  if (stages & 1) {
+    const dim3 ggrid(static_cast<unsigned>(ceil_div(max_ctx, mha::kGatherTokens)), static_cast<unsigned>(pr.nb));
+    mha::mha_gather_kernel<<<ggrid, mha::kGatherThreads, 0, stream>>>(pr);
+    StatusCode st = last_launch_status();
+    if (st != StatusCode::kOk) return st;
+    st = gemm(p.q_nope.device.index, stream, base + lay.extra, static_cast<size_t>(core::kMhaCublasWorkspace),
+              static_cast<int>(N), static_cast<int>(g.tokens), static_cast<const uint16_t*>(p.kv_b_proj.data),
+              p.kv_b_proj.stride[0], pr.latent, pr.kv);
+    if (st != StatusCode::kOk) return st;
+  }
+  if (!(stages & 2)) return StatusCode::kOk;
   // A query block per kPortRows / kHopRows of the longest q_len (<= its kv_len).
   if (nope == 128 && v == 128) return launch_attention<128, 128>(pr, max_ctx, stream);
   if (nope == 128 && v == 256) return launch_attention<128, 256>(pr, max_ctx, stream);
