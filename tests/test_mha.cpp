@@ -156,6 +156,18 @@ TEST(MhaPrefill, SequenceGroupsGiveIdenticalResults) {
   EXPECT_TRUE(dsa_test::fails_naming(st, {"dense_mha_prefill", "workspace"}));
 }
 
+// Both decompression paths (the BLAS found at build time, if any, and our own loop) compute
+// the op's function.
+TEST(MhaPrefill, OwnGemmLoopAgainstOracle) {
+  cpu::set_mha_blas(false);
+  EXPECT_FALSE(cpu::mha_uses_blas());
+  Batch b(21, kVarlen, 2, 192, 256, false, 16);
+  const Status st = run(b);
+  cpu::set_mha_blas(true);
+  DSA_ASSERT_OK(st);
+  expect_close(b, b.oracle_result(true), 1.0, std::ldexp(1.0, -8), kKvFlipLse, "own GEMM loop vs oracle");
+}
+
 TEST(MhaPrefill, ThreadCountDoesNotChangeBits) {
   Batch b(5, {{20, 33}, {50, 50}}, 3, 128, 128, false, 16);
   const int before = cpu::pool_threads();

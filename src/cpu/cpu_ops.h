@@ -32,6 +32,7 @@ StatusCode dense_mla(const DenseMlaParams& p);
 // mha_prefill.cpp: one sequence group (src/core/api_mha.cpp makes the groups)
 StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::MhaGroup& g);
 bool mha_uses_blas();  // decompression through the BLAS found at build time
+void set_mha_blas(bool on);  // internal (tests, timing): false = our own GEMM loop
 
 }  // namespace cpu
 }  // namespace dsa

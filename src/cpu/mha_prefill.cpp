@@ -3,11 +3,12 @@
 //  2. decompress K_nope and V for every context token and head with one GEMM per tile,
 //     latent · kv_b_projᵀ, f32 accumulation, rounded to bf16 (as engines do): a real BLAS
 //     (sgemm, when CMake found one: DSA_HAVE_BLAS) or our own blocked loop,
-//  3. causal flash attention per (sequence, head, block of 16 queries): keys in chunks of 64,
+//  3. causal flash attention per (sequence, head, block of 64 queries): keys in chunks of 64,
 //     online softmax in the log2 domain, f32 accumulation; lse.
 // Every work item's arithmetic is fixed by the shape, so results do not depend on the thread
 // count. Only context tokens are gathered: unused cache slots (NaN) never enter.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -50,18 +51,20 @@ constexpr int64_t kRope = 64;
 constexpr int64_t kRow = kLatent + kRope;  // gathered latent row
 constexpr int kTileTokens = 64;            // decompression tile
 constexpr int kTileCols = 256;
-constexpr int kQRows = 16;                 // queries per attention item
+constexpr int kQRows = 64;                 // queries per attention item
 constexpr int kKeys = 64;                  // keys per chunk
 constexpr int kRowGroup = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 
+std::atomic<bool> g_blas_off{false};
+
 bool use_blas() {
 #if defined(DSA_HAVE_BLAS)
-  static const bool on = [] {
+  static const bool init = [] {
     if (openblas_set_num_threads) openblas_set_num_threads(1);
     return true;
   }();
-  return on;
+  return init && !g_blas_off.load(std::memory_order_relaxed);
 #else
   return false;
 #endif
@@ -274,6 +277,7 @@ int32_t i32(const TensorDesc& t, int64_t i) { return t.ptr<int32_t>()[i * t.stri
 }  // namespace
 
 bool mha_uses_blas() { return use_blas(); }
+void set_mha_blas(bool on) { g_blas_off.store(!on); }
 
 StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::MhaGroup& g) {
   const int64_t H = p.q_nope.shape[1], nope = p.q_nope.shape[2], v = p.out.shape[2];
