@@ -75,15 +75,19 @@ StatusCode gemm(int device, cudaStream_t stream, void* ws, size_t ws_bytes, int 
   return st == CUBLAS_STATUS_SUCCESS ? StatusCode::kOk : StatusCode::kDeviceError;
 }
 
-template <typename K>
-bool smem_opt_in(K kernel, int bytes) {
-  // Per device; a repeat is harmless. Not a stream operation (graph capture is unaffected).
+// Opting in to more than 48 KiB of shared memory, once per kernel (one instantiation of this
+// template each) and device; a repeat is harmless. Not a stream operation (graph capture is
+// unaffected).
+template <int kNope, int kV>
+bool portable_smem_opt_in(int bytes) {
   static std::atomic<uint64_t> done{0};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
   if (bit && (done.load(std::memory_order_acquire) & bit)) return true;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return false;
+  if (cudaFuncSetAttribute(mha::mha_attn_portable_kernel<kNope, kV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           bytes) != cudaSuccess)
+    return false;
   done.fetch_or(bit, std::memory_order_acq_rel);
   return true;
 }
@@ -91,7 +95,7 @@ bool smem_opt_in(K kernel, int bytes) {
 template <int kNope, int kV>
 StatusCode launch_portable(const mha::Problem& pr, int q_blocks, cudaStream_t stream) {
   constexpr int smem = mha::portable_smem_bytes<kNope, kV>();
-  if (!smem_opt_in(mha::mha_attn_portable_kernel<kNope, kV>, smem)) {
+  if (!portable_smem_opt_in<kNope, kV>(smem)) {
     cudaGetLastError();
     return StatusCode::kDeviceError;
   }

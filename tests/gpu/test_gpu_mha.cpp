@@ -174,6 +174,7 @@ TEST_P(GpuMha, GraphCaptureReplaysTheSameBits) {
   cudaGraphExec_t exec;
   DSA_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   cudaMemset(d.out.data(), 0xFF, d.out.size());
+  cudaMemset(d.lse.data(), 0xFF, d.lse.size());
   DSA_CUDA_OK(cudaGraphLaunch(exec, s));
   DSA_CUDA_OK(cudaStreamSynchronize(s));
   d.fetch();
