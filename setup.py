@@ -33,8 +33,8 @@ class CMakeBuild(build_ext):
 
 
 setup(
-    packages=["dsa"],
-    package_dir={"dsa": "python/dsa"},
+    packages=["dsa", "dsa.integrations"],
+    package_dir={"dsa": "python/dsa", "dsa.integrations": "python/dsa/integrations"},
     ext_modules=[Extension("dsa._dsa", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,

@@ -7,6 +7,11 @@
 # Every step runs under a time limit carved from one overall budget (DSA_CHECK_BUDGET_S,
 # default 530 s, so the whole run stays under 9 minutes); a failing step is recorded and the
 # next one still runs. The exit status is 0 only if every step passed.
+# Optional: with .anchors/ in the repo root (a copy of /work/shared/anchors/*, see docs/gpu-check.md)
+# it also times the public anchors (DSA_ANCHOR_SETS, default "dg fm torch layer"; "none" skips),
+# runs dsa bench at the full shapes (DSA_BENCH_ARGS still overrides), joins both into
+# $OUT/joined.md, draws $OUT/layer_prefill.png and prints the joined table at the end.
+# DSA_CHECK_SKIP="memcheck racecheck py_tests ..." skips the named steps (device time).
 # Needs: CMake >= 3.24, a CUDA toolkit (nvcc), a C++17 compiler; GoogleTest from the system or
 # from sources in .deps/googletest. Sanitizer subsets: scripts/sanitizer-memcheck.txt and
 # scripts/sanitizer-racecheck.txt (one gtest filter pattern per line).
@@ -25,11 +30,20 @@ JOBS=$(nproc 2>/dev/null || echo 16)
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 
+SKIP_STEPS=" ${DSA_CHECK_SKIP:-} "
+ANCHORS=0
+if [ -f .anchors/run.sh ] && [ "${DSA_ANCHOR_SETS:-}" != none ]; then ANCHORS=1; fi
+
 # step NAME CAP_SECONDS COMMAND... : runs COMMAND with output to $OUT/NAME.log, under
 # min(CAP, time left); records PASS/FAIL/TIMEOUT/SKIP with seconds and a note.
 step() {
   local name=$1 cap=$2; shift 2
   local log=$OUT/$name.log remaining limit t0 rc status note=""
+  case "$SKIP_STEPS" in *" $name "*)
+    printf '%s\tSKIP\t0\tDSA_CHECK_SKIP\n' "$name" >> "$OUT/steps.tsv"
+    echo "== $name: SKIP (DSA_CHECK_SKIP)"
+    return 0 ;;
+  esac
   remaining=$(left)
   limit=$(( cap < remaining - 5 ? cap : remaining - 5 ))
   if [ "$limit" -le 5 ]; then
@@ -160,8 +174,11 @@ fi
 
 # ---- short benchmarks -------------------------------------------------------------------
 if [ -x "$BUILD/tools/dsa" ]; then
+  # With the anchors: the full shapes (what they time), unless DSA_BENCH_ARGS says otherwise.
+  BENCH_DEFAULT=--quick BENCH_CAP=150
+  [ "$ANCHORS" = 1 ] && BENCH_DEFAULT=" " && BENCH_CAP=240
   # shellcheck disable=SC2086
-  step dsa_bench 150 "$BUILD/tools/dsa" bench ${DSA_BENCH_ARGS:---quick} --json "$OUT/dsa_bench.json"
+  step dsa_bench "$BENCH_CAP" "$BUILD/tools/dsa" bench ${DSA_BENCH_ARGS:-$BENCH_DEFAULT} --json "$OUT/dsa_bench.json"
 else
   skip dsa_bench "tools/dsa not built"
 fi
@@ -174,6 +191,24 @@ fi
 if [ -f "$OUT/dsa_bench.json" ] && [ -f "$OUT/torch_baseline.json" ]; then
   step compare 20 python3 bench/compare.py "$OUT/dsa_bench.json" "$OUT/torch_baseline.json"
   python3 bench/compare.py --markdown "$OUT/dsa_bench.json" "$OUT/torch_baseline.json" > "$OUT/compare.md" 2>/dev/null
+fi
+
+# ---- the public anchors beside DSA (optional: .anchors/, never part of the project) ------
+if [ "$ANCHORS" = 1 ]; then
+  # shellcheck disable=SC2086
+  step anchors 330 env OUT="$OUT" bash .anchors/run.sh ${DSA_ANCHOR_SETS:-dg fm torch layer}
+  if [ -f "$OUT/dsa_bench.json" ] && [ -f "$OUT/anchors.json" ]; then
+    step join 30 bash -c "python3 .anchors/join.py '$OUT/dsa_bench.json' '$OUT/anchors.json' > '$OUT/joined.md'"
+  else
+    skip join "dsa_bench.json or anchors.json missing"
+  fi
+else
+  skip anchors ".anchors/ not present (or DSA_ANCHOR_SETS=none)"
+fi
+if [ -f "$OUT/dsa_bench.json" ] && grep -q '"op": "layer_prefill"' "$OUT/dsa_bench.json" && python3 -c 'import matplotlib' 2> /dev/null; then
+  ANCHOR_ARG=()
+  [ -f "$OUT/anchors.json" ] && ANCHOR_ARG=(--anchors "$OUT/anchors.json")
+  step plot 60 python3 bench/plot.py prefill "$OUT/dsa_bench.json" "${ANCHOR_ARG[@]}" --out "$OUT/layer_prefill.png"
 fi
 
 # ---- summary ----------------------------------------------------------------------------
@@ -197,7 +232,14 @@ FAILS=$(awk -F'\t' '$2 == "FAIL" || $2 == "TIMEOUT"' "$OUT/steps.tsv" | wc -l)
 echo
 cat "$SUMMARY"
 [ -f "$OUT/compare.log" ] && tail -n +3 "$OUT/compare.log"
+if [ -f "$OUT/dsa_bench.log" ] && grep -q '^layer_' "$OUT/dsa_bench.log"; then
+  echo; echo "layer benchmarks (dsa bench):"
+  awk '/^layer_/{p=1} /^[a-z_]+ / && !/^layer_/{p=0} p' "$OUT/dsa_bench.log"
+fi
+if [ -f "$OUT/joined.md" ]; then echo; echo "DSA vs the anchors ($OUT/joined.md):"; cat "$OUT/joined.md"; fi
 # The device tool returns at most 8 files: pack the logs, keep the summary and results loose.
-( cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=summary.txt --exclude='*.json' --exclude=compare.md ./* \
-    && find . -maxdepth 1 -type f ! -name logs.tgz ! -name summary.txt ! -name '*.json' ! -name compare.md -delete )
+( cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=summary.txt --exclude='*.json' --exclude=compare.md \
+      --exclude=joined.md --exclude='*.png' ./* \
+    && find . -maxdepth 1 -type f ! -name logs.tgz ! -name summary.txt ! -name '*.json' ! -name compare.md \
+      ! -name joined.md ! -name '*.png' -delete )
 [ "$FAILS" -eq 0 ]

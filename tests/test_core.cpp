@@ -1,6 +1,7 @@
 // Core types, status messages, geometry presets and argument checking.
 #include <gtest/gtest.h>
 
+#include "core/kernel_name.h"
 #include "core/validate.h"
 #include "test_util.h"
 
@@ -14,6 +15,23 @@ TEST(Core, VersionAndBackends) {
   auto devs = list_devices();
   ASSERT_FALSE(devs.empty());
   EXPECT_EQ(devs[0].device.type, DeviceType::kCPU);
+}
+
+// dsa::last_kernel_name: a CPU op clears what a launcher set (the GPU suite checks the names).
+TEST(Core, LastKernelNameClearedByCpuOps) {
+  core::set_last_kernel_name("test.kernel");
+  EXPECT_STREQ(last_kernel_name(), "test.kernel");
+  std::vector<float> x(4 * 8, 1.0f), scale(4);
+  std::vector<uint8_t> q(4 * 8);
+  QuantizeFp8Params p;
+  p.x = make_tensor(x.data(), DType::kF32, {4, 8}, cpu_device());
+  p.out = make_tensor(q.data(), DType::kE4M3, {4, 8}, cpu_device());
+  p.scale = make_tensor(scale.data(), DType::kF32, {4, 1}, cpu_device());
+  p.group = 8;
+  ASSERT_TRUE(quantize_fp8(p).ok());
+  EXPECT_STREQ(last_kernel_name(), "");
+  core::set_last_kernel_name(nullptr);
+  EXPECT_STREQ(last_kernel_name(), "");
 }
 
 TEST(Core, PresetsMatchSpecTable) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -197,6 +198,11 @@ struct RunOpts {
   const std::vector<int32_t>* indices_in = nullptr;
   const std::vector<int32_t>* positions = nullptr;  // RoPE positions
   Attention* attn = nullptr;  // step with this object (and its plan) instead of a fresh one
+  bool time_stages = false;
+  // 0: step(); 1: prepare() then run(); 2: run() alone (over what an earlier call prepared)
+  int split = 0;
+  Guarded* workspace = nullptr;  // instead of a fresh one (layers of one step share it)
+  int cu_seqlens = 0;  // 32 or 64: the batch as cu_seqlens of that width instead of q_lens
 };
 
 Result run_step(World& w, const RunOpts& o) {
@@ -209,7 +215,8 @@ Result run_step(World& w, const RunOpts& o) {
     r.status = ps;
     return r;
   }
-  Guarded ws(static_cast<size_t>(r.plan.workspace_bytes), 0x7F);
+  Guarded own_ws(o.workspace ? 0 : static_cast<size_t>(r.plan.workspace_bytes), 0x7F);
+  Guarded& ws = o.workspace ? *o.workspace : own_ws;
   r.out.assign(static_cast<size_t>(w.T * kH * 512), std::numeric_limits<float>::quiet_NaN());
   r.lse.assign(static_cast<size_t>(w.T * kH), std::numeric_limits<float>::quiet_NaN());
   r.indices.assign(static_cast<size_t>(w.T * w.g.topk), -7);
@@ -217,6 +224,16 @@ Result run_step(World& w, const RunOpts& o) {
   StepParams p;
   p.role = o.role;
   p.q_lens = t_i32(w.q_lens.data(), {w.B});
+  std::vector<int32_t> cu32(1, 0);
+  std::vector<int64_t> cu64(1, 0);
+  for (int32_t q : w.q_lens) {
+    cu32.push_back(cu32.back() + q);
+    cu64.push_back(cu64.back() + q);
+  }
+  if (o.cu_seqlens) {
+    p.q_lens = TensorDesc{};
+    p.cu_seqlens = o.cu_seqlens == 64 ? t_i64(cu64.data(), {w.B + 1}) : t_i32(cu32.data(), {w.B + 1});
+  }
   p.kv_lens = t_i32(w.kv_lens.data(), {w.B});
   p.block_table = t_i32(w.block_table.data(), {w.B, w.max_blocks});
   p.kv_c = t_f32(w.kv_c.data(), {w.T, 512});
@@ -239,15 +256,24 @@ Result run_step(World& w, const RunOpts& o) {
     p.positions = t_i32(pos_copy.data(), {w.T});
   }
   p.force_score = o.force_score;
+  p.time_stages = o.time_stages;
   p.out = t_f32(r.out.data(), {w.T, kH, 512});
   p.lse = t_f32(r.lse.data(), {w.T, kH});
   p.workspace = ws.data();
   p.workspace_bytes = ws.size();
+  auto call = [&](Attention& a) {
+    if (o.split == 0) return a.step(p, &r.report);
+    if (o.split == 1) {
+      Status s = a.prepare(p);
+      if (!s.ok()) return s;
+    }
+    return a.run(p, &r.report);
+  };
   if (o.attn) {
-    r.status = o.attn->step(p, &r.report);
+    r.status = call(*o.attn);
   } else {
     Attention attn(r.plan);
-    r.status = attn.step(p, &r.report);
+    r.status = call(attn);
   }
   r.workspace_intact = ws.intact();
   r.mla = w.mla;
@@ -315,7 +341,7 @@ Result direct_pipeline(World& w, IndexerRole role, const std::vector<int32_t>* i
   for (int64_t b = 0; b < w.B; ++b) {
     const int64_t n = w.q_lens[b], kv = w.kv_lens[b];
     if (n == 0) continue;
-    const bool dense = role != IndexerRole::kMtp && kv <= K && !(role == IndexerRole::kFull && force_score);
+    const bool dense = kv <= K && !(role == IndexerRole::kFull && force_score);
     float* out = r.out.data() + t0 * kH * 512;
     float* lse = r.lse.data() + t0 * kH;
     float* qp = w.q.data() + t0 * kH * 576;
@@ -509,8 +535,9 @@ TEST(LayerStep, RoutingTable) {
     mtp.role = IndexerRole::kMtp;
     Result m = run_step(w, mtp);
     ASSERT_TRUE(m.status.ok()) << c.name;
-    EXPECT_EQ(m.report.seqs[static_cast<int>(Route::kSparseScored)], 1) << c.name << ": MTP layers always score";
-    EXPECT_EQ(m.report.score_chunks, 1) << c.name;
+    EXPECT_EQ(m.report.seqs[static_cast<int>(Route::kDense)], small ? 1 : 0) << c.name << ": MTP routes like full";
+    EXPECT_EQ(m.report.seqs[static_cast<int>(Route::kSparseScored)], small ? 0 : 1) << c.name;
+    EXPECT_EQ(m.report.score_chunks, small ? 0 : 1) << c.name << ": MTP scores only where kv > topk";
     RunOpts sh;
     sh.role = IndexerRole::kShared;
     sh.indices_in = &f.indices;
@@ -518,7 +545,7 @@ TEST(LayerStep, RoutingTable) {
     ASSERT_TRUE(s.status.ok()) << c.name << ": " << s.status.to_string();
     EXPECT_EQ(s.report.seqs[static_cast<int>(Route::kDense)], small ? 1 : 0) << c.name << ": shared goes dense where full did";
     EXPECT_EQ(s.report.seqs[static_cast<int>(Route::kSparseShared)], small ? 0 : 1) << c.name;
-    // The identity a dense full layer hands on is what scoring selects (MTP scored it).
+    // The identity a dense layer hands on is what scoring selects (force_score scores it).
     EXPECT_EQ(f.indices, m.indices) << c.name;
     // A full layer whose indices feed a consumer may be told to score every sequence.
     RunOpts forced;
@@ -526,11 +553,14 @@ TEST(LayerStep, RoutingTable) {
     Result fs = run_step(w, forced);
     ASSERT_TRUE(fs.status.ok()) << c.name;
     EXPECT_EQ(fs.report.seqs[static_cast<int>(Route::kSparseScored)], 1) << c.name;
-    expect_identical(fs, m, c.name);
+    EXPECT_EQ(fs.indices, m.indices) << c.name;
+    if (!small) expect_identical(fs, m, c.name);
     // Dense and sparse agree on kv <= topk (same keys, same order).
     if (small) {
       for (size_t i = 0; i < f.out.size(); ++i)
-        ASSERT_NEAR(f.out[i], m.out[i], 1e-5f * (1.f + std::fabs(m.out[i]))) << c.name << " at " << i;
+        ASSERT_NEAR(fs.out[i], m.out[i], 1e-5f * (1.f + std::fabs(m.out[i]))) << c.name << " at " << i;
+      EXPECT_EQ(fs.mla, m.mla) << c.name;
+      EXPECT_EQ(fs.idx, m.idx) << c.name << ": the MTP layer still writes its indexer cache";
     }
   }
 }
@@ -836,10 +866,269 @@ TEST(LayerStep, StepsBeyondThePlanFailNamingTheLimit) {
   StepParams bk = p;
   bk.index_k = t_f32(w.ik.data(), {w.T, 64});
   EXPECT_TRUE(dsa_test::fails_naming(a5.step(bk), {"index_k", "128"}));
-  // Ops' own validation of contents comes through with the op's name.
+  // Contents the step reads are checked by the step itself, before anything is written.
   std::vector<int32_t> bad_bt = w.block_table;
   bad_bt[0] = static_cast<int32_t>(w.num_blocks + 5);
   StepParams bb = p;
   bb.block_table = t_i32(bad_bt.data(), {w.B, w.max_blocks});
-  EXPECT_TRUE(dsa_test::fails_naming(a5.step(bb), {"indexer_logits_paged", "block_table[0][0]", "num_blocks"}));
+  EXPECT_TRUE(dsa_test::fails_naming(a5.step(bb), {"attention_step", "block_table[0, 0]", "num_blocks"}));
+}
+
+// StepParams::time_stages on the CPU: ignored (the host times are the device times), the
+// outputs unchanged.
+TEST(LayerStep, StageTimingIsIgnoredOnTheCpu) {
+  World w(tiny_geometry(), mixed_batch(), 16, 91);
+  RunOpts o;
+  const Result plain = run_step(w, o);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.to_string();
+  o.time_stages = true;
+  const Result timed = run_step(w, o);
+  ASSERT_TRUE(timed.status.ok()) << timed.status.to_string();
+  expect_identical(plain, timed, "time_stages on the CPU");
+  EXPECT_FALSE(timed.report.gpu_timed);
+  EXPECT_EQ(timed.report.gpu_ms_total, 0.0);
+}
+
+// Plan once per step, run per layer: prepare() + run() of each role equals step() bit for
+// bit, and one prepare serves several layers' runs (full, shared over the full layer's
+// indices, full again) through one object and one workspace.
+TEST(LayerStep, PreparedRunsEqualSteps) {
+  World w(tiny_geometry(), mixed_batch(), 16, 92);
+  for (int64_t budget : {int64_t{kDefaultScoreBudgetBytes}, min_budget(w)}) {
+    for (IndexerRole role : {IndexerRole::kFull, IndexerRole::kMtp}) {
+      RunOpts o;
+      o.role = role;
+      o.budget = budget;
+      const Result stepped = run_step(w, o);
+      o.split = 1;
+      const Result split = run_step(w, o);
+      expect_identical(stepped, split, std::string("prepare + run, ") + (role == IndexerRole::kMtp ? "mtp" : "full"));
+      EXPECT_EQ(split.report.seqs[0], stepped.report.seqs[0]);
+      EXPECT_EQ(split.report.score_chunks, stepped.report.score_chunks);
+      EXPECT_EQ(split.report.tiled_rows, stepped.report.tiled_rows);
+      EXPECT_GT(split.report.host_us, 0.0);
+    }
+    // Layers of one step: one prepare, then a run per layer.
+    RunOpts full;
+    full.budget = budget;
+    const Result full_step = run_step(w, full);
+    RunOpts shared;
+    shared.role = IndexerRole::kShared;
+    shared.budget = budget;
+    shared.indices_in = &full_step.indices;
+    const Result shared_step = run_step(w, shared);
+    RunOpts forced = full;
+    forced.force_score = true;
+    const Result forced_step = run_step(w, forced);
+
+    Plan plan;
+    ASSERT_TRUE(make_plan(config_for(w, budget), &plan).ok());
+    Attention attn(plan);
+    Guarded ws(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+    RunOpts layer = full;
+    layer.attn = &attn;
+    layer.workspace = &ws;
+    layer.split = 1;
+    expect_identical(run_step(w, layer), full_step, "layer 0 (full), prepared");
+    RunOpts l1 = shared;
+    l1.attn = &attn;
+    l1.workspace = &ws;
+    l1.split = 2;
+    expect_identical(run_step(w, l1), shared_step, "layer 1 (shared), run only", false);
+    RunOpts l2 = forced;
+    l2.attn = &attn;
+    l2.workspace = &ws;
+    l2.split = 2;
+    expect_identical(run_step(w, l2), forced_step, "layer 2 (full, force_score), run only");
+    RunOpts l3 = full;
+    l3.attn = &attn;
+    l3.workspace = &ws;
+    l3.split = 2;
+    expect_identical(run_step(w, l3), full_step, "layer 3 (full), run only");
+    EXPECT_TRUE(ws.intact());
+  }
+}
+
+TEST(LayerStep, RunRefusesABatchItWasNotPreparedFor) {
+  World w(tiny_geometry(), mixed_batch(), 16, 93);
+  Plan plan;
+  ASSERT_TRUE(make_plan(config_for(w, kDefaultScoreBudgetBytes), &plan).ok());
+  Attention attn(plan);
+  Guarded ws(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+  RunOpts o;
+  o.attn = &attn;
+  o.workspace = &ws;
+  o.split = 2;
+  Result r = run_step(w, o);
+  EXPECT_TRUE(dsa_test::fails_naming(r.status, {"run", "prepare"})) << r.status.to_string();
+  EXPECT_EQ(r.mla, w.mla0) << "a refused run writes nothing";
+  o.split = 1;
+  ASSERT_TRUE(run_step(w, o).status.ok());
+  // Another workspace.
+  Guarded other(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+  o.split = 2;
+  o.workspace = &other;
+  r = run_step(w, o);
+  EXPECT_TRUE(dsa_test::fails_naming(r.status, {"workspace", "prepared"})) << r.status.to_string();
+  // Another batch: kv_lens changed.
+  o.workspace = &ws;
+  w.kv_lens[3] += 1;  // {1, 70} -> {1, 71}
+  r = run_step(w, o);
+  w.kv_lens[3] -= 1;
+  EXPECT_TRUE(dsa_test::fails_naming(r.status, {"kv_lens", "prepared"})) << r.status.to_string();
+  EXPECT_EQ(r.mla, w.mla0);
+  // The prepared batch still runs.
+  EXPECT_TRUE(run_step(w, o).status.ok());
+}
+
+// MTP without scoring where kv_len <= topk (the seed's rule): identity indices, no score,
+// select or map, dense attention; the same indices as the scored route, outputs equal to it
+// within rounding, the same caches; the report shows no scoring. Sequences with kv > topk in
+// the same batch are still scored.
+TEST(LayerStep, MtpSkipsScoringWhereTheContextFitsTopk) {
+  const int K = 64;
+  World w(tiny_geometry(K), {{2, 40}, {1, 64}, {3, 3}, {2, 200}, {1, 65}}, 16, 94);
+  RunOpts mtp;
+  mtp.role = IndexerRole::kMtp;
+  const Result m = run_step(w, mtp);
+  ASSERT_TRUE(m.status.ok()) << m.status.to_string();
+  EXPECT_EQ(m.report.seqs[static_cast<int>(Route::kDense)], 3);
+  EXPECT_EQ(m.report.rows[static_cast<int>(Route::kDense)], 6);
+  EXPECT_EQ(m.report.seqs[static_cast<int>(Route::kSparseScored)], 2);
+  EXPECT_EQ(m.report.rows[static_cast<int>(Route::kSparseScored)], 3) << "only the kv > topk rows are scored";
+  // The scored route for every sequence (a full layer told to score everything).
+  RunOpts scored;
+  scored.force_score = true;
+  const Result s = run_step(w, scored);
+  ASSERT_TRUE(s.status.ok()) << s.status.to_string();
+  EXPECT_EQ(s.report.rows[static_cast<int>(Route::kSparseScored)], 9);
+  EXPECT_EQ(m.indices, s.indices) << "identity indices equal the scored selection";
+  for (size_t i = 0; i < m.out.size(); ++i)
+    ASSERT_NEAR(m.out[i], s.out[i], 1e-5f * (1.f + std::fabs(s.out[i]))) << "out at " << i;
+  for (size_t i = 0; i < m.lse.size(); ++i) ASSERT_NEAR(m.lse[i], s.lse[i], 1e-5f * (1.f + std::fabs(s.lse[i])));
+  EXPECT_EQ(m.mla, s.mla);
+  EXPECT_EQ(m.idx, s.idx);
+  // Rows of the sparse sequences are bit-identical to the scored route (same path).
+  const int64_t first_sparse_row = 2 + 1 + 3;
+  for (int64_t r = first_sparse_row; r < first_sparse_row + 2; ++r)
+    for (int64_t j = 0; j < kH * 512; ++j) ASSERT_EQ(m.out[r * kH * 512 + j], s.out[r * kH * 512 + j]);
+  // All sequences short: nothing is scored at all.
+  World small(tiny_geometry(K), {{2, 40}, {1, 64}, {3, 3}}, 16, 95);
+  const Result ms = run_step(small, mtp);
+  ASSERT_TRUE(ms.status.ok()) << ms.status.to_string();
+  EXPECT_EQ(ms.report.score_chunks, 0);
+  EXPECT_EQ(ms.report.tiled_rows, 0);
+  EXPECT_EQ(ms.report.seqs[static_cast<int>(Route::kSparseScored)], 0);
+  EXPECT_EQ(ms.report.ms_score, 0.0);
+  EXPECT_EQ(ms.report.ms_map, 0.0);
+  const Result ss = run_step(small, scored);
+  EXPECT_EQ(ms.indices, ss.indices);
+}
+
+namespace {
+uint64_t checksum(const std::vector<uint8_t>& bytes) {  // FNV-1a
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+// Atomic steps: every input the step reads is checked before anything is written, so a step
+// refused for any class of bad input leaves both caches byte-identical (checksums), for
+// step() and for a prepared run().
+TEST(LayerStep, RefusedStepsLeaveBothCachesUntouched) {
+  const std::vector<Seq> seqs = {{150, 150}, {20, 20}, {40, 300}, {1, 70}, {2, 65}};
+  struct Case {
+    const char* name;
+    std::vector<const char*> words;  // the message names these
+    IndexerRole role;
+    std::function<void(World&, RunOpts&, std::vector<int32_t>&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"block table -1 inside a used range", {"block_table[2, 10]", "got -1"}, IndexerRole::kFull,
+       [](World& w, RunOpts&, std::vector<int32_t>&) { w.block_table[2 * w.max_blocks + 10] = -1; }},
+      {"page id past the caches", {"block_table[3, 4]", "num_blocks"}, IndexerRole::kFull,
+       [](World& w, RunOpts&, std::vector<int32_t>&) { w.block_table[3 * w.max_blocks + 4] = static_cast<int32_t>(w.num_blocks); }},
+      {"block table narrower than kv_len", {"block_table", "max_blocks"}, IndexerRole::kMtp,
+       [](World& w, RunOpts&, std::vector<int32_t>&) { w.max_blocks -= 1; }},
+      {"position past cos_sin", {"positions[5]", "cos_sin"}, IndexerRole::kFull,
+       [](World& w, RunOpts& o, std::vector<int32_t>& pos) {
+         pos = w.row_pos;
+         pos[5] = static_cast<int32_t>(w.g.max_positions);
+         o.positions = &pos;
+       }},
+      {"shared indices_in past the row's keys", {"indices_in[", "visible keys"}, IndexerRole::kShared,
+       [](World& w, RunOpts& o, std::vector<int32_t>& in) {
+         in.assign(static_cast<size_t>(w.T * w.g.topk), -1);
+         in[static_cast<size_t>((170 + 3) * w.g.topk + 1)] = 9999;  // a row of the kv 300 sequence
+         o.indices_in = &in;
+       }},
+      {"q_lens against T", {"q_lens"}, IndexerRole::kFull,
+       [](World& w, RunOpts&, std::vector<int32_t>&) { w.q_lens[1] -= 1; }},
+      {"kv_len past max_context", {"max_context"}, IndexerRole::kFull,
+       [](World& w, RunOpts&, std::vector<int32_t>&) { w.kv_lens[2] = static_cast<int32_t>(w.max_kv + 1); }},
+  };
+  for (const auto& c : cases) {
+    for (int split : {0, 2}) {
+      World w(tiny_geometry(), seqs, 16, 96);
+      const uint64_t mla0 = checksum(w.mla0), idx0 = checksum(w.idx0);
+      Plan plan;
+      ASSERT_TRUE(make_plan(config_for(w, kDefaultScoreBudgetBytes), &plan).ok());
+      Attention attn(plan);
+      Guarded ws(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+      RunOpts o;
+      o.role = c.role;
+      o.attn = &attn;
+      o.workspace = &ws;
+      if (split == 2) {  // a prepared batch, then a layer's run with the bad input
+        o.split = 1;
+        o.role = IndexerRole::kFull;
+        ASSERT_TRUE(run_step(w, o).status.ok()) << c.name;
+        o.role = c.role;
+        o.split = 2;
+      }
+      std::vector<int32_t> aux;
+      c.spoil(w, o, aux);
+      const Result r = run_step(w, o);
+      EXPECT_FALSE(r.status.ok()) << c.name;
+      for (const char* word : c.words)
+        EXPECT_TRUE(dsa_test::fails_naming(r.status, {word})) << c.name << ": " << r.status.to_string();
+      EXPECT_EQ(checksum(r.mla), mla0) << c.name << " (split " << split << "): the MLA cache was written";
+      EXPECT_EQ(checksum(r.idx), idx0) << c.name << " (split " << split << "): the indexer cache was written";
+    }
+  }
+}
+
+// Engine-shaped inputs: cu_seqlens (i32 or i64, host) instead of q_lens gives the same step,
+// through step() and prepare() + run(); a malformed cu_seqlens is refused naming it.
+TEST(LayerStep, CuSeqlensEqualsQLens) {
+  World w(tiny_geometry(), mixed_batch(), 16, 97);
+  for (int64_t budget : {int64_t{kDefaultScoreBudgetBytes}, min_budget(w)}) {
+    RunOpts o;
+    o.budget = budget;
+    const Result ref = run_step(w, o);
+    for (int width : {32, 64}) {
+      for (int split : {0, 1}) {
+        RunOpts c = o;
+        c.cu_seqlens = width;
+        c.split = split;
+        const Result r = run_step(w, c);
+        expect_identical(ref, r, "cu_seqlens i" + std::to_string(width) + (split ? ", prepare + run" : ""));
+        EXPECT_EQ(r.report.rows[0], ref.report.rows[0]);
+      }
+    }
+  }
+  // Both forms, or a decreasing cu_seqlens: refused before anything is written.
+  Plan plan;
+  ASSERT_TRUE(make_plan(config_for(w, kDefaultScoreBudgetBytes), &plan).ok());
+  Attention attn(plan);
+  std::vector<int64_t> cu(static_cast<size_t>(w.B + 1), 0);
+  for (int64_t b = 0; b < w.B; ++b) cu[b + 1] = cu[b] + w.q_lens[b];
+  StepParams p;
+  p.q_lens = t_i32(w.q_lens.data(), {w.B});
+  p.cu_seqlens = t_i64(cu.data(), {w.B + 1});
+  EXPECT_TRUE(dsa_test::fails_naming(attn.prepare(p), {"q_lens, cu_seqlens", "both"}));
+  p.q_lens = TensorDesc{};
+  std::swap(cu[1], cu[2]);
+  EXPECT_TRUE(dsa_test::fails_naming(attn.prepare(p), {"cu_seqlens[2]", "expected >="}));
 }

@@ -7,6 +7,7 @@
 #include <limits>
 #include <thread>
 
+#include "dsa/numerics.h"
 #include "oracle/oracle_logits.h"
 #include "test_util.h"
 
@@ -21,12 +22,24 @@ const float kInf = std::numeric_limits<float>::infinity();
 
 // Runs topk on rows x [M, W] and checks indices (exactly the oracle's, which fixes the tie rule)
 // and values (logits at each index, -inf at -1).
+// bf16: x must hold bf16 values (exactly representable); the op reads them as bf16 and must
+// give the answer of their f32 values.
 void check_topk(const std::vector<float>& x, int64_t M, int64_t W, const std::vector<int32_t>& lengths,
-                int64_t k, const char* what) {
+                int64_t k, const char* what, bool bf16 = false) {
   Guarded idx(static_cast<size_t>(M * k) * 4), val(static_cast<size_t>(M * k) * 4);
   dsa_test::poison_f32(val.as<float>(), static_cast<size_t>(M * k));
+  std::vector<uint16_t> xb;
   TopkParams p;
   p.logits = dsa_test::t_f32(const_cast<float*>(x.data()), {M, W});
+  if (bf16) {
+    for (float v : x) {
+      xb.push_back(float_to_bf16(v));
+      const float back = bf16_to_float(xb.back());
+      ASSERT_EQ(0, std::memcmp(&v, &back, 4)) << what << ": not a bf16 value";
+    }
+    p.logits.data = xb.data();
+    p.logits.dtype = DType::kBF16;
+  }
   p.lengths = dsa_test::t_i32(const_cast<int32_t*>(lengths.data()), {M});
   p.k = k;
   p.indices = dsa_test::t_i32(idx.as<int32_t>(), {M, k});
@@ -117,6 +130,66 @@ TEST(Topk, AdversarialOrders) {
   check_topk(x, 5, W, lengths, k, "adversarial");
 }
 
+// Rows built to defeat radix selection: one first-digit bucket holding 100K keys, keys that
+// differ only in the last mantissa bit, all but a few equal, signed zeros, -inf runs.
+std::vector<float> adversarial_row(int kind, int64_t W, Rng& rng) {
+  std::vector<float> x(static_cast<size_t>(W));
+  for (int64_t j = 0; j < W; ++j) {
+    float v = 0.f;
+    switch (kind) {
+      case 0: v = 1.f + std::ldexp(static_cast<float>(rng.integer(0, (1 << 20) - 1)), -23); break;  // [1, 1.125)
+      case 1: v = j % 2 ? std::nextafter(1.5f, 2.f) : 1.5f; break;  // last mantissa bit
+      case 2: v = (j % 9973 == 17) ? 3.f + static_cast<float>(j % 5) : 0.25f; break;  // a few winners
+      case 3: v = (j % 3 == 0) ? -0.f : (j % 3 == 1 ? 0.f : -1.f); break;
+      case 4: v = (j / 700) % 2 ? -kInf : static_cast<float>(rng.integer(-2, 2)); break;
+      default: v = rng.normal(); break;
+    }
+    x[static_cast<size_t>(j)] = v;
+  }
+  return x;
+}
+
+TEST(Topk, AdversarialBucketsTiesZerosAndInfRuns) {
+  Rng rng(12);
+  const int64_t W = 100000;
+  for (int64_t k : {64, 2048, 16384}) {
+    std::vector<float> x;
+    for (int kind = 0; kind < 5; ++kind) {
+      const auto row = adversarial_row(kind, W, rng);
+      x.insert(x.end(), row.begin(), row.end());
+    }
+    std::vector<int32_t> lengths = {static_cast<int32_t>(W), static_cast<int32_t>(W - 1), static_cast<int32_t>(W),
+                                    static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 3)};
+    check_topk(x, 5, W, lengths, k, "adversarial rows");
+  }
+}
+
+TEST(Topk, MillionKeyRows) {
+  Rng rng(13);
+  const int64_t W = 1048576, k = 2048;
+  std::vector<float> x = dsa_test::random_floats(rng, static_cast<size_t>(2 * W));
+  for (int64_t j = 0; j < W; j += 3) x[W + j] = 0.75f;  // ties across the threshold in row 1
+  check_topk(x, 2, W, {static_cast<int32_t>(W), static_cast<int32_t>(W - 5)}, k, "1M keys");
+}
+
+// bf16 rows give the answer of their exact f32 values: ties are common (8 mantissa bits),
+// NaN and -inf included.
+TEST(Topk, Bf16LogitsMatchTheirF32Values) {
+  Rng rng(14);
+  for (int64_t k : {64, 2048}) {
+    const int64_t W = 3 * k + 11, M = 6;
+    std::vector<float> x(static_cast<size_t>(M * W));
+    for (int64_t e = 0; e < M * W; ++e) {
+      const int64_t c = rng.integer(0, 40);
+      const float v = c == 0 ? kNaN : c == 1 ? -kInf : c == 2 ? -0.f : rng.normal();
+      x[static_cast<size_t>(e)] = bf16_to_float(float_to_bf16(v));
+    }
+    std::vector<int32_t> lengths = {0, 1, static_cast<int32_t>(k - 1), static_cast<int32_t>(k),
+                                    static_cast<int32_t>(k + 1), static_cast<int32_t>(W)};
+    check_topk(x, M, W, lengths, k, "bf16", true);
+  }
+}
+
 TEST(Topk, RejectsBadArgumentsNamingThem) {
   std::vector<float> x(2 * 100);
   std::vector<int32_t> lengths = {10, 100}, idx(2 * 64);
@@ -146,6 +219,8 @@ TEST(Topk, RejectsBadArgumentsNamingThem) {
   EXPECT_TRUE(dsa_test::fails_naming(topk(p), {"indices", "k"}));
   p = base(); p.values = dsa_test::t_f32(val.data(), {2, 64}); p.values.dtype = DType::kBF16;
   EXPECT_TRUE(dsa_test::fails_naming(topk(p), {"values", "f32"}));
+  p = base(); p.logits.dtype = DType::kI32;
+  EXPECT_TRUE(dsa_test::fails_naming(topk(p), {"logits"}));
   p = base(); p.lengths.shape[0] = 3;
   EXPECT_TRUE(dsa_test::fails_naming(topk(p), {"lengths", "M"}));
   lengths = {10, 101};

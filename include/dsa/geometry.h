@@ -23,7 +23,7 @@ enum class RopeStyle : int32_t {
 enum class IndexerRole : int32_t {
   kFull = 0,    // owns an indexer and its K cache; scores its own top-k
   kShared = 1,  // owns no indexer cache; reuses the top-k of the last full layer
-  kMtp = 2,     // MTP draft layer: always scores (its indices are consumed)
+  kMtp = 2,     // MTP draft layer: scores where kv_len > topk; identity indices, unscored, where it fits
 };
 const char* indexer_role_name(IndexerRole role);
 

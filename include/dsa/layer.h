@@ -15,6 +15,11 @@
 #include "dsa/types.h"
 
 namespace dsa {
+namespace core {
+namespace step {
+struct StepState;
+}
+}  // namespace core
 
 // How one sequence of a step is served.
 enum class Route : int32_t {
@@ -31,7 +36,10 @@ struct StepParams {
   // decode with next_n tokens) and kv_lens[b] tokens in the cache after the step; its new token
   // i sits at position kv_lens[b] - q_lens[b] + i and sees keys 0 .. that position. Tokens are
   // ordered by sequence: T = Σ q_lens.
-  TensorDesc q_lens;       // [B] i32, host memory
+  TensorDesc q_lens;       // [B] i32, host memory (or cu_seqlens)
+  TensorDesc cu_seqlens;   // alternative to q_lens: [B + 1] i32/i64, host memory, 0 = cu[0] <= cu[1] <= ...;
+                           // q_len[b] = cu[b + 1] - cu[b] (vLLM query_start_loc, host copy;
+                           // SGLang extend_start_loc with extend_seq_lens appended)
   TensorDesc kv_lens;      // [B] i32, host memory
   TensorDesc block_table;  // [B, max_blocks] i32 on the device: pages of both caches
   TensorDesc positions;    // optional [T] i32 on the device: RoPE positions (default: cache positions)
@@ -83,6 +91,9 @@ struct StepReport {
   // Host wall time per stage in ms (on CUDA: time to enqueue).
   double ms_cache = 0, ms_prepare = 0, ms_score = 0, ms_select = 0, ms_map = 0, ms_sparse = 0,
          ms_dense = 0, ms_total = 0;
+  // Host microseconds of this call (step, prepare or run) from entry to return, less the wait
+  // of a timed step: for run(), the per-layer host cost of a step.
+  double host_us = 0;
   // GPU time per stage in ms, summed over the step's launches of that stage (StepParams::
   // time_stages on CUDA; gpu_timed says whether these were measured). gpu_ms_total is the
   // first event to the last, so it includes gaps between stages.
@@ -128,16 +139,25 @@ class Attention {
   // naming the limit; nothing else allocates or exceeds the plan's workspace.
   Status step(const StepParams& p, StepReport* report = nullptr);
 
+  // Plan once per step, run per layer: step(p) is prepare(p) then run(p), split so that the
+  // layers of one model step share the batch's host work.
+  //   prepare(p) reads only the batch fields of p (q_lens, kv_lens, block_table, positions,
+  //     workspace, stream): validates them against the plan, builds the row tables and uploads
+  //     them into p.workspace, once per batch.
+  //   run(p) runs one layer (role, caches, the layer's tensors, indices, outputs) over the
+  //     prepared batch. Its batch fields must be prepare's: the same q_lens and kv_lens values,
+  //     the same block_table, positions and workspace (where the batch's metadata lives), on
+  //     the same stream; run fails naming the field otherwise. Every layer of a step therefore
+  //     shares one workspace, used by one layer at a time.
+  // A run reads the metadata its prepare uploaded: the next prepare (or step) of this object
+  // starts the next batch. Under graph capture, capture a prepare together with its runs.
+  Status prepare(const StepParams& p, StepReport* report = nullptr);
+  Status run(const StepParams& p, StepReport* report = nullptr);
+
  private:
   Plan plan_;
   Status status_;
-  int32_t* staging_ = nullptr;          // core::HostStaging layout, plan.host_bytes
-  bool pinned_ = false;                 // staging_ from cudaHostAlloc
-  std::vector<int32_t> host_staging_;   // the staging when not pinned (CPU plans)
-  int next_slot_ = 0;
-  void* slot_done_[2] = {nullptr, nullptr};  // cudaEvent_t: a slot's last eager copies
-  bool slot_pending_[2] = {false, false};
-  std::vector<Route> route_;
+  std::unique_ptr<core::step::StepState> state_;  // host staging, slots, events (src/core/step/)
 };
 
 }  // namespace dsa

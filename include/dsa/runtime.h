@@ -29,4 +29,12 @@ bool cuda_available();
 void set_num_threads(int n);
 int num_threads();
 
+// The kernel the last op of the calling thread launched: a stable name such as
+// "indexer_logits.mma_sync_f16", "topk.radix12" or "sparse_mla.mma_sync" (a string literal,
+// valid for the life of the program), set by every CUDA launcher. "" before any op, and after an
+// op that ran on the CPU or launched nothing (an op refused by its argument checks leaves it
+// as it was). An op that launches several kernels (a layer step) leaves the name of its last
+// one. For tools that print which kernel ran (`dsa bench`).
+const char* last_kernel_name();
+
 }  // namespace dsa

@@ -14,10 +14,13 @@ namespace dsa {
 //  * otherwise the k largest values; ties at the k-th value go to the lower index; NaN ranks
 //    below every number (-inf included).
 //  * Output order: ascending index within each row (deterministic on every backend), then
-//    -1 padding. values (optional) holds logits[i, indices[i, j]] and -inf at -1 entries.
+//    -1 padding. values (optional, f32) holds logits[i, indices[i, j]] (bf16 widened) and
+//    -inf at -1 entries.
+//  NaN logits are never chosen over a number: a NaN is selected only when fewer than k
+//  numbers are in the row (then the lowest-index NaNs fill the rest, like any tie).
 // k must be a positive multiple of 64 (up to 16384 is supported); lengths[i] <= W.
 struct TopkParams {
-  TensorDesc logits;   // [M, W] f32, last dim contiguous
+  TensorDesc logits;   // [M, W] f32 or bf16, last dim contiguous (bf16 ranks as its exact f32 value)
   TensorDesc lengths;  // [M] i32
   int64_t k = 2048;
   TensorDesc indices;  // [M, k] i32
@@ -28,7 +31,10 @@ struct TopkParams {
 };
 // Scratch the op needs for these params: on the CPU 8 bytes per logits column for each of
 // min(M, hardware threads) row slots (0 when W <= k: such rows read no score; given less, but
-// at least one slot, it runs on fewer threads); on CUDA currently 0. Non-decreasing in M and W.
+// at least one slot, it runs on fewer threads); on CUDA 0 unless rows may be split over
+// several blocks (W > 131072, or W >= 2 * max(4k, 16384) when few rows leave SMs idle): then
+// 8 bytes per k slots of each such block (a bound: max(M * ceil(W / 131072),
+// min(2 * SMs, M * segments allowed))), plus 256. Non-decreasing in M and W.
 size_t topk_workspace_size(const TopkParams& p);
 Status topk(const TopkParams& p);
 

@@ -90,7 +90,7 @@ class Attention:
     def step(self, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, *, role="full", index_q=None,
              index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
              attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
-             lse=None, workspace=None, stream=None):
+             lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None):
         """One step of the layer (SPEC 6): writes the new tokens into mla_cache (and index_cache),
         routes each sequence (dense when kv_len <= topk and nothing consumes its indices, else
         scored sparse; 'shared' layers reuse indices_in), and attends.
@@ -103,28 +103,69 @@ class Attention:
         layer's request-local selection.
 
         Returns (out [T, H, 512], lse [T, H] f32, report): report is a dict (sequences and rows per
-        route, chunks, tiles, workspace and score-region high-water marks, per-stage ms).
+        route, chunks, tiles, workspace and score-region high-water marks, per-stage host ms
+        ms_*, host_us; with time_stages=True on CUDA also GPU ms per stage gpu_ms_*, gpu_timed True
+        when they were measured: the step then waits for its last stage; ignored while capturing).
         """
-        op = "step"
-        T, H, _ = _shape(op, "q", q, 3, "[T, H, 576]")
-        ctx = Context(op, q, "q", stream)
-        if out is None:
-            out = ctx.empty((T, H, 512), "f32" if dtype_name(q) == "float32" else "bf16", rep=q)
-        if lse is None:
-            lse = ctx.empty((T, H), "f32")
+        return self._layer("step", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
+                           index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,
+                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens)
+
+    def prepare(self, q_lens, kv_lens, block_table, *, positions=None, workspace=None, stream=None,
+                time_stages=False, cu_seqlens=None):
+        """Plan once per step: validates the batch (q_lens, kv_lens, block_table, positions), builds
+        its row tables and uploads them into the workspace, once for all layers of the step. Then
+        run(...) each layer with the same batch arguments. The workspace is this object's (one
+        for every layer; allocated in block_table's framework and device) unless given.
+        Returns the report dict (host_us: the host cost of the preparation)."""
+        op = "prepare"
+        _shape(op, "block_table", block_table, 2, "[B, max_blocks]")
+        ctx = Context(op, block_table, "block_table", stream)
+        workspace = self._workspace_for(ctx, workspace)
+        p = ctx.prep
+        args = dict(q_lens=p(q_lens), cu_seqlens=p(cu_seqlens), kv_lens=p(kv_lens), block_table=p(block_table),
+                    positions=p(positions), workspace=p(workspace), time_stages=bool(time_stages))
+        with ctx.device_guard():
+            return self._impl.step(args, ctx.stream, "prepare")
+
+    def run(self, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, *, role="full", index_q=None,
+            index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
+            attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
+            lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None):
+        """Run per layer: one layer over the batch prepare() prepared, with step()'s arguments; the
+        batch arguments (q_lens, kv_lens, block_table, positions, workspace) must be prepare's.
+        Returns (out, lse, report); report["host_us"] is the layer's host cost."""
+        return self._layer("run", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
+                           index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,
+                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens)
+
+    def _workspace_for(self, ctx, workspace):
         if workspace is None and self.plan.workspace_bytes > 0:
             key = (ctx.fw, ctx.cuda, ctx.index)
             workspace = self._workspace.get(key)
             if workspace is None:
                 workspace = ctx.empty((self.plan.workspace_bytes,), "u8")
                 self._workspace[key] = workspace
+        return workspace
+
+    def _layer(self, op, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k, index_w,
+               cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in, indices_out,
+               force_score, out, lse, workspace, stream, time_stages, cu_seqlens):
+        T, H, _ = _shape(op, "q", q, 3, "[T, H, 576]")
+        ctx = Context(op, q, "q", stream)
+        if out is None:
+            out = ctx.empty((T, H, 512), "f32" if dtype_name(q) == "float32" else "bf16", rep=q)
+        if lse is None:
+            lse = ctx.empty((T, H), "f32")
+        workspace = self._workspace_for(ctx, workspace)
         p = ctx.prep
-        args = dict(role=role, q_lens=p(q_lens), kv_lens=p(kv_lens), block_table=p(block_table),
+        args = dict(role=role, q_lens=p(q_lens), cu_seqlens=p(cu_seqlens), kv_lens=p(kv_lens), block_table=p(block_table),
                     positions=p(positions), kv_c=p(kv_c), k_pe=p(k_pe), q=p(q), index_q=p(index_q),
                     index_k=p(index_k), index_w=p(index_w), cos_sin=p(cos_sin), hadamard=bool(hadamard),
                     attn_sink=p(attn_sink), sm_scale=float(sm_scale), mla_cache=p(mla_cache),
                     index_cache=p(index_cache), indices_in=p(indices_in), indices_out=p(indices_out),
-                    force_score=bool(force_score), out=p(out), lse=p(lse), workspace=p(workspace))
+                    force_score=bool(force_score), out=p(out), lse=p(lse), workspace=p(workspace),
+                    time_stages=bool(time_stages))
         with ctx.device_guard():
-            report = self._impl.step(args, ctx.stream)
+            report = self._impl.step(args, ctx.stream, op)
         return out, lse, report

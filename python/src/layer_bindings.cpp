@@ -166,6 +166,17 @@ py::dict report_dict(const dsa::StepReport& r) {
   DSA_PY_FIELD(ms_sparse);
   DSA_PY_FIELD(ms_dense);
   DSA_PY_FIELD(ms_total);
+  DSA_PY_FIELD(host_us);
+  // GPU ms per stage (the step's time_stages on CUDA); gpu_timed says whether they were measured.
+  DSA_PY_FIELD(gpu_timed);
+  DSA_PY_FIELD(gpu_ms_cache);
+  DSA_PY_FIELD(gpu_ms_prepare);
+  DSA_PY_FIELD(gpu_ms_score);
+  DSA_PY_FIELD(gpu_ms_select);
+  DSA_PY_FIELD(gpu_ms_map);
+  DSA_PY_FIELD(gpu_ms_sparse);
+  DSA_PY_FIELD(gpu_ms_dense);
+  DSA_PY_FIELD(gpu_ms_total);
 #undef DSA_PY_FIELD
   return d;
 }
@@ -226,8 +237,13 @@ void bind_layer(py::module_& m) {
 
   py::class_<PyAttention>(m, "Attention")
       .def(py::init<const dsa::Plan&>(), py::arg("plan"))
-      .def("step", [](PyAttention& self, py::dict a, uintptr_t stream) {
-        Importer im("step", stream);
+      .def("step", [](PyAttention& self, py::dict a, uintptr_t stream, const std::string& call) {
+        // call: "step" (one layer's whole step), "prepare" (the batch fields only) or "run"
+        // (a layer over the prepared batch): dsa/layer.h.
+        if (call != "step" && call != "prepare" && call != "run")
+          throw py::value_error("step: call: expected 'step', 'prepare' or 'run', got '" + call + "'");
+        const bool batch_only = call == "prepare";
+        Importer im(call.c_str(), stream);
         dsa::StepParams p;
         const std::string role = get<std::string>(a, "role", "full");
         if (role == "full") p.role = dsa::IndexerRole::kFull;
@@ -235,6 +251,7 @@ void bind_layer(py::module_& m) {
         else if (role == "mtp") p.role = dsa::IndexerRole::kMtp;
         else throw py::value_error("step: role: expected 'full', 'shared' or 'mtp', got '" + role + "'");
         p.q_lens = im.tensor(item(a, "q_lens"), "q_lens");
+        p.cu_seqlens = im.tensor(item(a, "cu_seqlens"), "cu_seqlens");
         p.kv_lens = im.tensor(item(a, "kv_lens"), "kv_lens");
         p.block_table = im.tensor(item(a, "block_table"), "block_table");
         p.positions = im.tensor(item(a, "positions"), "positions");
@@ -250,15 +267,18 @@ void bind_layer(py::module_& m) {
         p.sm_scale = get<float>(a, "sm_scale", 0.0f);
         const int cache_dtype = self.attn.plan().config.cache_dtype == dsa::MlaCacheDtype::kFP8 ? 1 : 0;
         const int64_t page = self.attn.plan().config.page_size;
-        p.mla_cache = im.mla_cache(item(a, "mla_cache"), "mla_cache", cache_dtype, page, true);
+        if (!batch_only) p.mla_cache = im.mla_cache(item(a, "mla_cache"), "mla_cache", cache_dtype, page, true);
         if (!item(a, "index_cache").is_none()) {
           p.index_cache = im.indexer_cache(item(a, "index_cache"), "index_cache", page, true);
         }
         p.indices_in = im.tensor(item(a, "indices_in"), "indices_in");
         p.indices_out = im.tensor(item(a, "indices_out"), "indices_out", Reinterpret::kNone, true);
         p.force_score = get<bool>(a, "force_score", false);
-        p.out = im.tensor(item(a, "out"), "out", Reinterpret::kBF16, true);
-        p.lse = im.tensor(item(a, "lse"), "lse", Reinterpret::kNone, true);
+        if (!batch_only) {
+          p.out = im.tensor(item(a, "out"), "out", Reinterpret::kBF16, true);
+          p.lse = im.tensor(item(a, "lse"), "lse", Reinterpret::kNone, true);
+        }
+        p.time_stages = get<bool>(a, "time_stages", false);
         if (!item(a, "workspace").is_none()) {
           const dsa_py::Imported ws = im.raw(item(a, "workspace"), "workspace", true);
           int64_t n = ws.itemsize;
@@ -272,9 +292,10 @@ void bind_layer(py::module_& m) {
         {
           py::gil_scoped_release release;
           std::lock_guard<std::mutex> lock(self.mu);
-          s = self.attn.step(p, &report);
+          s = call == "step" ? self.attn.step(p, &report)
+              : call == "prepare" ? self.attn.prepare(p, &report) : self.attn.run(p, &report);
         }
         check(s);
         return report_dict(report);
-      }, py::arg("args"), py::arg("stream") = 0);
+      }, py::arg("args"), py::arg("stream") = 0, py::arg("call") = "step");
 }

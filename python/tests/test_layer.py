@@ -89,6 +89,17 @@ def test_attention_step_matches_the_standalone_ops():
     s_out, s_lse = dsa.sparse_mla(new["q"][3:], mla, local, 0.1, block_table=table, row_seq=row_seq)
     np.testing.assert_allclose(out[3:], s_out, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(lse[3:], s_lse, rtol=1e-6, atol=1e-6)
+    # time_stages is accepted everywhere; on the CPU it measures nothing on a device (the host
+    # times are the device times) and leaves the outputs as they were.
+    assert report["gpu_timed"] is False
+    out2, lse2, rep2 = attn.step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, mla,
+                                 index_q=new["index_q"], index_k=new["index_k"], index_w=new["index_w"],
+                                 cos_sin=cos_sin, index_cache=idx_cache, sm_scale=0.1, time_stages=True)
+    assert rep2["gpu_timed"] is False
+    for k in ("cache", "prepare", "score", "select", "map", "sparse", "dense", "total"):
+        assert rep2["gpu_ms_" + k] == 0.0
+    np.testing.assert_array_equal(out2, out)
+    np.testing.assert_array_equal(lse2, lse)
 
 
 def test_attention_step_errors_name_arguments():
@@ -102,3 +113,38 @@ def test_attention_step_errors_name_arguments():
                   index_cache=idx_cache)
     with pytest.raises(TypeError, match="Attention: plan"):
         dsa.Attention("plan")
+
+
+def test_prepare_once_run_per_layer_equals_step():
+    q_lens, kv_lens, table, mla, idx_cache, cos_sin, new = _step_case(seed=62)
+    plan = dsa.plan(GEOM, page_size=16, max_tokens_per_step=64, max_seqs_per_step=4, max_context=112)
+    T = new["q"].shape[0]
+    layer_args = dict(index_q=new["index_q"], index_k=new["index_k"], index_w=new["index_w"], cos_sin=cos_sin,
+                      sm_scale=0.1)
+    ref_mla, ref_idx = mla.copy(), idx_cache.copy()
+    ref_ind = np.full((T, 64), -7, np.int32)
+    ref_out, ref_lse, ref_rep = dsa.Attention(plan).step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table,
+                                                         ref_mla, index_cache=ref_idx, indices_out=ref_ind,
+                                                         **layer_args)
+    attn = dsa.Attention(plan)  # one object, one workspace, every layer
+    prep = attn.prepare(q_lens, kv_lens, table)
+    assert prep["host_us"] > 0
+    ind = np.full((T, 64), -7, np.int32)
+    out, lse, rep = attn.run(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, mla, index_cache=idx_cache,
+                             indices_out=ind, **layer_args)
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(lse, ref_lse)
+    np.testing.assert_array_equal(ind, ref_ind)
+    np.testing.assert_array_equal(mla, ref_mla)
+    np.testing.assert_array_equal(idx_cache, ref_idx)
+    assert rep["seqs"] == ref_rep["seqs"] and rep["host_us"] > 0 and rep["gpu_timed"] is False
+    # The next layer (shared, over the full layer's indices) reuses the preparation.
+    mla2 = mla.copy()
+    out2, lse2, rep2 = attn.run(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, mla2, role="shared",
+                                indices_in=ind, sm_scale=0.1)
+    assert rep2["seqs"] == {"dense": 1, "sparse": 0, "shared": 1}
+    np.testing.assert_array_equal(out2, ref_out)  # the same selection, the same keys
+    # A run whose batch was not prepared is refused, naming the field.
+    with pytest.raises(ValueError, match="kv_lens"):
+        attn.run(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens + 1, table, mla, index_cache=idx_cache,
+                 **layer_args)

@@ -205,6 +205,7 @@ Status dense_mha_prefill(const DenseMhaPrefillParams& p) {
     if (layout_bytes(s, mid) <= static_cast<int64_t>(p.workspace_bytes)) lo = mid; else hi = mid - 1;
   }
   const int64_t capacity = lo;
+  core::set_last_kernel_name("");  // the CUDA launcher names its attention kernel
   int64_t b = 0;
   while (b < s.B) {
     MhaGroup g;

@@ -21,7 +21,7 @@ core::ArgCheck check_topk(const TopkParams& p) {
   c.require(p.k > 0 && p.k % 64 == 0 && p.k <= kMaxTopk, "k",
             "expected a positive multiple of 64 up to " + std::to_string(kMaxTopk) + ", got " +
                 std::to_string(p.k));
-  c.tensor(p.logits, "logits", {DType::kF32}, {"M", "W"});
+  c.tensor(p.logits, "logits", {DType::kF32, DType::kBF16}, {"M", "W"});
   const int64_t M = c.ok() ? p.logits.shape[0] : 0;
   c.tensor(p.lengths, "lengths", {DType::kI32}, {{M, "M"}}, false);
   c.tensor(p.indices, "indices", {DType::kI32}, {{M, "M"}, {p.k, "k"}});

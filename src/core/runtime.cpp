@@ -3,6 +3,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/kernel_name.h"
 #include "cpu/parallel.h"
 #if defined(DSA_WITH_CUDA)
 #include "cuda/cuda_ops.h"
@@ -59,5 +60,12 @@ bool cuda_available() {
 
 void set_num_threads(int n) { cpu::set_pool_threads(n); }
 int num_threads() { return cpu::pool_threads(); }
+
+namespace {
+thread_local const char* t_last_kernel = "";
+}  // namespace
+
+void core::set_last_kernel_name(const char* name) { t_last_kernel = name ? name : ""; }
+const char* last_kernel_name() { return t_last_kernel; }
 
 }  // namespace dsa

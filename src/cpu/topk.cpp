@@ -4,7 +4,8 @@
 // to +0): three passes (11, 11, 10 bits, each over the survivors of the previous one) find the
 // k-th largest key T and how many entries equal to T are needed; one scan in index order then
 // emits every key > T and the first needed keys == T.
-// The scan order gives ascending indices and the lower-index tie rule for free.
+// The scan order gives ascending indices and the lower-index tie rule for free. bf16 logits
+// widen exactly to f32 first (same keys, same answer as the f32 row of the widened values).
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -61,21 +62,25 @@ int64_t keep_matching(const uint32_t* in, int64_t n, int shift, uint32_t prefix,
   return m;
 }
 
-void topk_row(const float* __restrict x, int64_t len, int64_t k, int32_t* __restrict idx,
+inline float to_f32(float v) { return v; }
+inline float to_f32(uint16_t v) { return bf16_to_float(v); }  // bf16: exact widening
+
+template <class T>
+void topk_row(const T* __restrict x, int64_t len, int64_t k, int32_t* __restrict idx,
               float* __restrict val, TopkScratch& sc) {
   const float ninf = -std::numeric_limits<float>::infinity();
   if (len <= k) {
     for (int64_t j = 0; j < len; ++j) idx[j] = static_cast<int32_t>(j);
     for (int64_t j = len; j < k; ++j) idx[j] = -1;
     if (val) {
-      for (int64_t j = 0; j < len; ++j) val[j] = x[j];
+      for (int64_t j = 0; j < len; ++j) val[j] = to_f32(x[j]);
       for (int64_t j = len; j < k; ++j) val[j] = ninf;
     }
     return;
   }
   uint32_t* keys = sc.keys;
   uint32_t* cand = sc.cand;
-  for (int64_t j = 0; j < len; ++j) keys[j] = order_key(x[j]);
+  for (int64_t j = 0; j < len; ++j) keys[j] = order_key(to_f32(x[j]));
   // Digits of 11, 11 and 10 bits, from the top; each pass only looks at the survivors.
   int64_t need = k;
   const uint32_t d1 = select_digit(keys, len, 21, 11, &need);
@@ -99,7 +104,7 @@ void topk_row(const float* __restrict x, int64_t len, int64_t k, int32_t* __rest
   }
   std::memcpy(idx, staged, static_cast<size_t>(k) * 4);
   if (val)
-    for (int64_t j = 0; j < k; ++j) val[j] = x[idx[j]];
+    for (int64_t j = 0; j < k; ++j) val[j] = to_f32(x[idx[j]]);
 }
 
 }  // namespace
@@ -142,11 +147,13 @@ StatusCode topk(const TopkParams& p) {
       }
       const int64_t r1 = std::min(M, (s + 1) * rows_per_slot);
       for (int64_t i = s * rows_per_slot; i < r1; ++i) {
-        const float* x = p.logits.ptr<const float>() + i * p.logits.stride[0];
         const int64_t len = p.lengths.ptr<const int32_t>()[i * p.lengths.stride[0]];
         int32_t* idx = p.indices.ptr<int32_t>() + i * p.indices.stride[0];
         float* val = p.values.present() ? p.values.ptr<float>() + i * p.values.stride[0] : nullptr;
-        topk_row(x, len, k, idx, val, sc);
+        if (p.logits.dtype == DType::kBF16)
+          topk_row(p.logits.ptr<const uint16_t>() + i * p.logits.stride[0], len, k, idx, val, sc);
+        else
+          topk_row(p.logits.ptr<const float>() + i * p.logits.stride[0], len, k, idx, val, sc);
       }
     }
   });

@@ -28,6 +28,7 @@ StatusCode write_indexer_cache(const WriteIndexerCacheParams& p) {
   a.block_bytes = p.cache.block_bytes();
   a.page_size = p.cache.page_size;
   a.T = T;
+  note_kernel("cache.write_indexer");
   cache::write_indexer_cache_kernel<<<warp_grid(T), kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
 }
@@ -48,6 +49,7 @@ StatusCode write_mla_cache(const WriteMlaCacheParams& p) {
   a.page_size = p.cache.page_size;
   a.fp8 = p.cache.dtype == MlaCacheDtype::kFP8;
   a.T = T;
+  note_kernel("cache.write_mla");
   cache::write_mla_cache_kernel<<<warp_grid(T), kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
 }
@@ -66,6 +68,7 @@ StatusCode read_mla_cache(const ReadMlaCacheParams& p) {
   a.out = static_cast<float*>(p.out.data);
   a.out0 = p.out.stride[0];
   a.T = T;
+  note_kernel("cache.read_mla");
   cache::read_mla_cache_kernel<<<warp_grid(T), kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
 }

@@ -42,6 +42,10 @@ void set_mha_force_portable(bool on);
 // decompression GEMM, bit 1 the attention (default 3). 2 re-times the attention over the
 // K/V an earlier full call left in the same workspace.
 void set_mha_stages(int mask);
+// The kernel a call takes (for benchmarks): "dense_mla.wgmma_splitkv", "dense_mla.wgmma_splitkv_fp8",
+// "sparse_mla.wgmma_fp8_splitkv" on sm_90a, else "*.mma_sync" (also with DSA_FORCE_KERNEL=mma_sync).
+const char* dense_mla_kernel_name(const DenseMlaParams& p);
+const char* sparse_mla_kernel_name(const SparseMlaParams& p);
 
 }  // namespace gpu
 }  // namespace dsa

@@ -39,7 +39,7 @@ bool simt_forced() {
 }
 
 template <class Keys>
-StatusCode launch(const logits::QArgs& a, const Keys& keys, void* stream) {
+StatusCode launch(const logits::QArgs& a, const Keys& keys, void* stream, bool paged) {
   if (a.rows == 0 || a.width == 0) return StatusCode::kOk;
   if (a.rows > 0x7fffffffLL) return StatusCode::kUnsupported;
   const cudaStream_t s = as_stream(stream);
@@ -47,6 +47,7 @@ StatusCode launch(const logits::QArgs& a, const Keys& keys, void* stream) {
     const int64_t chunks = ceil_div(a.width, logits::kMmaChunk);
     if (chunks > kMaxGridY) return StatusCode::kUnsupported;
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(chunks));
+    note_kernel(paged ? "indexer_logits_paged.mma_sync_f16" : "indexer_logits.mma_sync_f16");
     if (a.heads <= 32) {
       logits::logits_mma_kernel<Keys, 2><<<grid, logits::kMmaThreads, 0, s>>>(a, keys);
     } else {
@@ -57,6 +58,7 @@ StatusCode launch(const logits::QArgs& a, const Keys& keys, void* stream) {
   const int64_t tiles = ceil_div(a.width, logits::kTileKeys);
   if (tiles > kMaxGridY) return StatusCode::kUnsupported;
   const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(tiles));
+  note_kernel(paged ? "indexer_logits_paged.simt" : "indexer_logits.simt");
   if (a.heads <= 32) {
     logits::logits_tile_kernel<Keys, 2><<<grid, logits::kThreads, 0, s>>>(a, keys);
   } else {
@@ -78,7 +80,7 @@ StatusCode indexer_logits(const IndexerLogitsParams& p) {
   keys.ke = i32_vec(p.ke);
   keys.n = p.k.shape[0];
   keys.aligned16 = reinterpret_cast<uintptr_t>(p.k.data) % 16 == 0 && p.k.stride[0] % 16 == 0;
-  return launch(a, keys, p.stream);
+  return launch(a, keys, p.stream, false);
 }
 
 StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
@@ -97,7 +99,7 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
     keys.kv_lens = i32_vec(p.kv_lens);
     keys.next_n = p.next_n;
   }
-  return launch(a, keys, p.stream);
+  return launch(a, keys, p.stream, true);
 }
 
 }  // namespace gpu

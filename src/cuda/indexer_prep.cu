@@ -48,6 +48,7 @@ StatusCode quantize_fp8(const QuantizeFp8Params& p) {
   a.rows = R;
   a.group = p.group;
   a.groups = D / p.group;
+  note_kernel("quantize_fp8.simt");
   prep::quantize_fp8_kernel<<<warp_grid(R * a.groups), kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
 }
@@ -75,6 +76,7 @@ StatusCode prepare_indexer_q(const PrepareIndexerQParams& p) {
     a.qs0 = p.q_scale.stride[0];
     a.qs1 = p.q_scale.stride[1];
   }
+  note_kernel("prepare_indexer_q.simt");
   prep::prepare_vec_kernel<true><<<warp_grid(T * H), kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
 }
@@ -91,6 +93,7 @@ StatusCode prepare_indexer_k(const PrepareIndexerKParams& p) {
   a.H = 1;
   a.k_scale = static_cast<float*>(p.k_scale.data);
   a.ks0 = p.k_scale.stride[0];
+  note_kernel("prepare_indexer_k.simt");
   prep::prepare_vec_kernel<false><<<warp_grid(T), kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
 }

@@ -108,8 +108,12 @@ template <int kNope, int kV>
 StatusCode launch_attention(const mha::Problem& pr, int64_t max_q, cudaStream_t stream) {
   if (!force_portable() && hopper::current_device_is_sm90a()) {
     const StatusCode st = mha::launch_hopper<kNope, kV>(pr, max_q, stream);
-    if (st != StatusCode::kUnsupported) return st;
+    if (st != StatusCode::kUnsupported) {
+      note_kernel("dense_mha_prefill.wgmma");
+      return st;
+    }
   }
+  note_kernel("dense_mha_prefill.simt");
   const int64_t q_blocks = ceil_div(max_q, mha::kPortRows);
   return launch_portable<kNope, kV>(pr, static_cast<int>(q_blocks), stream);
 }

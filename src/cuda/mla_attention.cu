@@ -11,6 +11,7 @@
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/mla_attention_kernels.cuh"
+#include "cuda/mla_decode.h"
 
 namespace dsa {
 namespace gpu {
@@ -140,6 +141,11 @@ StatusCode launch_tiles(const Problem& pr, const SplitPlan& plan, cudaStream_t s
     return StatusCode::kDeviceError;
   }
   const dim3 grid(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.splits));
+  if (kDense) {
+    note_kernel(plan.splits > 1 ? "dense_mla.mma_sync+combine" : "dense_mla.mma_sync");
+  } else {
+    note_kernel(plan.splits > 1 ? "sparse_mla.mma_sync+combine" : "sparse_mla.mma_sync");
+  }
   kernel<<<grid, mla::kThreads, mla::kSmemBytes, stream>>>(pr);
   if (plan.splits > 1) {
     mla::mla_combine_kernel<<<static_cast<unsigned>(plan.tiles * mla::kTileHeads), 128, 0, stream>>>(
@@ -176,11 +182,19 @@ SplitPlan dense_plan(const DenseMlaParams& p) {
 
 }  // namespace
 
-size_t sparse_mla_workspace_size(const SparseMlaParams& p) { return sparse_plan(p).workspace; }
+// The workspace covers whichever kernel a call may take (the Hopper one's need does not depend
+// on device lengths or on B, so the planner's query bounds every call).
+size_t sparse_mla_workspace_size(const SparseMlaParams& p) {
+  return std::max(sparse_plan(p).workspace, decode::sparse_workspace(p));
+}
 
 StatusCode sparse_mla(const SparseMlaParams& p) {
   const SplitPlan plan = sparse_plan(p);
   if (plan.tiles == 0) return StatusCode::kOk;
+  if (decode::sparse_chosen(p)) {
+    note_kernel(sparse_mla_kernel_name(p));
+    return decode::sparse(p);
+  }
   if (p.indices.shape[1] > INT32_MAX / 2) return StatusCode::kUnsupported;
   Problem pr;
   fill_common(pr, p.q, p.kv, p.attn_sink, p.sm_scale, p.out, p.lse);
@@ -201,11 +215,17 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
   }
 }
 
-size_t dense_mla_workspace_size(const DenseMlaParams& p) { return dense_plan(p).workspace; }
+size_t dense_mla_workspace_size(const DenseMlaParams& p) {
+  return std::max(dense_plan(p).workspace, decode::dense_workspace(p));
+}
 
 StatusCode dense_mla(const DenseMlaParams& p) {
   const SplitPlan plan = dense_plan(p);
   if (plan.tiles == 0) return StatusCode::kOk;
+  if (decode::dense_chosen(p)) {
+    note_kernel(dense_mla_kernel_name(p));
+    return decode::dense(p);
+  }
   if (dense_max_keys(p) > INT32_MAX / 2) return StatusCode::kUnsupported;
   Problem pr;
   fill_common(pr, p.q, p.kv, p.attn_sink, p.sm_scale, p.out, p.lse);

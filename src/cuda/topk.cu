@@ -1,17 +1,81 @@
 // Launchers of top-k selection and index mapping.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
+#include "cuda/topk_internal.h"
 #include "cuda/topk_kernels.cuh"
+#include "cuda/topk_radix_kernels.cuh"
 
 namespace dsa {
 namespace gpu {
 
-size_t topk_workspace_size(const TopkParams&) { return 0; }  // one block per row, no scratch
+namespace {
 
-StatusCode topk(const TopkParams& p) {
+// DSA_CUDA_TOPK=legacy selects the three-pass kernel for f32 logits (for A/B runs and diagnosis).
+bool legacy_forced() {
+  const char* v = std::getenv("DSA_CUDA_TOPK");
+  return v != nullptr && std::strcmp(v, "legacy") == 0;
+}
+
+// Resident blocks the split aims at: two per SM of the current device.
+int64_t block_slots() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
+    sms = 132;
+  return 2 * static_cast<int64_t>(sms);
+}
+
+// Rows longer than kMaxRun must split; rows may split into runs of >= max(4k, 16384) keys
+// (shorter runs gain nothing) while the merge list (segs * k slots) stays one run.
+int64_t forced_segs(int64_t W) { return W > 0 ? ceil_div(W, topk_radix::kMaxRun) : 1; }
+int64_t most_segs(int64_t W, int64_t k) {
+  const int64_t by_len = W / std::max<int64_t>(4 * k, 16384), by_merge = topk_radix::kMaxRun / k;
+  return std::max<int64_t>(1, std::min(by_len, by_merge));
+}
+
+enum class Path { kLegacy, kRows, kSplit };
+struct Split {
+  Path path;
+  int64_t segs, seg;
+};
+
+Split choose(const TopkParams& p) {
+  const int64_t M = p.logits.shape[0], W = p.logits.shape[1], k = p.k;
+  if (legacy_forced() && p.logits.dtype == DType::kF32) return {Path::kLegacy, 1, W};
+  const int64_t fill = std::max<int64_t>(1, block_slots() / std::max<int64_t>(M, 1));
+  int64_t segs = std::max(forced_segs(W), std::min(fill, most_segs(W, k)));
+  if (W <= k || segs <= 1) return {Path::kRows, 1, W};
+  const int64_t seg = ceil_div(ceil_div(W, segs), 64) * 64;  // keeps 16-byte alignment
+  segs = ceil_div(W, seg);
+  if (segs <= 1) return {Path::kRows, 1, W};
+  return {Path::kSplit, segs, seg};
+}
+
+size_t split_bytes(int64_t blocks, int64_t k) { return static_cast<size_t>(blocks * k) * 8 + 256; }
+
+// The dynamic shared memory of the streaming kernels exceeds 48 KiB: opt in once per kernel and
+// device (not a stream operation, so graph capture is unaffected).
+template <int kId>
+bool smem_opt_in(const void* kernel) {
+  static std::atomic<uint64_t> done_devices{0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit && (done_devices.load(std::memory_order_acquire) & bit)) return true;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           topk_radix::smem_bytes(16384)) != cudaSuccess)
+    return false;
+  done_devices.fetch_or(bit, std::memory_order_acq_rel);
+  return true;
+}
+
+StatusCode legacy_topk(const TopkParams& p) {
   const int64_t M = p.logits.shape[0];
-  if (M == 0) return StatusCode::kOk;
-  if (M > 0x7fffffffLL) return StatusCode::kUnsupported;
   topk_detail::TopkArgs a{};
   a.logits = static_cast<const float*>(p.logits.data);
   a.l0 = p.logits.stride[0];
@@ -24,8 +88,86 @@ StatusCode topk(const TopkParams& p) {
     a.values = static_cast<float*>(p.values.data);
     a.v0 = p.values.stride[0];
   }
+  note_kernel("topk.radix12");
   topk_detail::topk_row_kernel<<<static_cast<unsigned>(M), topk_detail::kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
+}
+
+template <class T, int kId>
+StatusCode radix_topk(const TopkParams& p, const Split& sp) {
+  namespace r = topk_radix;
+  const int64_t M = p.logits.shape[0];
+  r::Args a{};
+  a.logits = p.logits.data;
+  a.l0 = p.logits.stride[0];
+  a.lengths = i32_vec(p.lengths);
+  a.width = p.logits.shape[1];
+  a.k = p.k;
+  a.indices = static_cast<int32_t*>(p.indices.data);
+  a.i0 = p.indices.stride[0];
+  if (p.values.present()) {
+    a.values = static_cast<float*>(p.values.data);
+    a.v0 = p.values.stride[0];
+  }
+  a.segs = sp.segs;
+  a.seg = sp.seg;
+  const int smem = r::smem_bytes(p.k);
+  const cudaStream_t s = as_stream(p.stream);
+  if (sp.path == Path::kRows) {
+    if (!smem_opt_in<kId>(reinterpret_cast<const void*>(&r::topk_rows_kernel<T>))) return StatusCode::kDeviceError;
+    note_kernel("topk.stream_rows");
+    r::topk_rows_kernel<T><<<static_cast<unsigned>(M), r::kThreads, smem, s>>>(a);
+    return last_launch_status();
+  }
+  const int64_t blocks = M * sp.segs;
+  if (blocks > 0x7fffffffLL) return StatusCode::kUnsupported;
+  if (p.workspace_bytes < split_bytes(blocks, p.k) || p.workspace == nullptr) return StatusCode::kWorkspaceTooSmall;
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(p.workspace) + 255u) & ~static_cast<uintptr_t>(255u);
+  a.ws_val = reinterpret_cast<float*>(base);
+  a.ws_idx = reinterpret_cast<int32_t*>(a.ws_val + blocks * p.k);
+  if (!smem_opt_in<kId + 1>(reinterpret_cast<const void*>(&r::topk_segments_kernel<T>)) ||
+      !smem_opt_in<kId + 2>(reinterpret_cast<const void*>(&r::topk_merge_kernel<T>)))
+    return StatusCode::kDeviceError;
+  note_kernel("topk.stream_split");  // segments, then the merge
+  r::topk_segments_kernel<T><<<static_cast<unsigned>(blocks), r::kThreads, smem, s>>>(a);
+  r::topk_merge_kernel<T><<<static_cast<unsigned>(M), r::kThreads, smem, s>>>(a);
+  return last_launch_status();
+}
+
+}  // namespace
+
+// Split rows keep per-segment winners, (f32 value, i32 position) per slot: M * segs blocks
+// of k slots, at most max(M * forced_segs, min(block_slots, M * most_segs)) (a split beyond
+// the forced one only fills idle slots), a bound non-decreasing in M and W.
+size_t topk_workspace_size(const TopkParams& p) {
+  const int64_t M = p.logits.shape[0], W = p.logits.shape[1], k = p.k;
+  if (M <= 0 || W <= k) return 0;
+  if (std::max(forced_segs(W), most_segs(W, k)) <= 1) return 0;
+  return split_bytes(std::max(M * forced_segs(W), std::min(block_slots(), M * most_segs(W, k))), k);
+}
+
+const char* topk_kernel_name(const TopkParams& p) {
+  switch (choose(p).path) {
+    case Path::kLegacy: return "topk.radix12";
+    case Path::kRows: return "topk.stream_rows";
+    default: return "topk.stream_split";
+  }
+}
+
+StatusCode topk_fallback_count(unsigned long long* out) {
+  if (cudaDeviceSynchronize() != cudaSuccess) return StatusCode::kDeviceError;
+  return cudaMemcpyFromSymbol(out, topk_radix::g_topk_fallbacks, sizeof(*out)) == cudaSuccess ? StatusCode::kOk
+                                                                                               : StatusCode::kDeviceError;
+}
+
+StatusCode topk(const TopkParams& p) {
+  const int64_t M = p.logits.shape[0];
+  if (M == 0) return StatusCode::kOk;
+  if (M > 0x7fffffffLL) return StatusCode::kUnsupported;
+  const Split sp = choose(p);
+  if (sp.path == Path::kLegacy) return legacy_topk(p);
+  if (p.logits.dtype == DType::kBF16) return radix_topk<uint16_t, 3>(p, sp);
+  return radix_topk<float, 0>(p, sp);
 }
 
 StatusCode map_indices(const MapIndicesParams& p) {
@@ -51,6 +193,7 @@ StatusCode map_indices(const MapIndicesParams& p) {
     a.num_seqs = p.kv_start.shape[0];
   }
   constexpr int kThreads = 256;
+  note_kernel("map_indices.simt");
   topk_detail::map_indices_kernel<<<grid_for(M * K, kThreads), kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
 }

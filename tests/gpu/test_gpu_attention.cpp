@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -907,6 +908,250 @@ TEST(GpuDenseMla, Prefill16KRows) {
   expect_matches(a, ref, 2.0, "16K-row prefill (sampled rows)");
   const Result b = run_dense(kv, in, true);
   EXPECT_TRUE(a.raw == b.raw) << "repeated runs differ";
+}
+
+// ---- Hopper decode kernels (src/cuda/mla_decode*): on sm_90a decode-shaped dense calls over
+// paged caches and sparse calls over the FP8 cache take them; DSA_FORCE_KERNEL=mma_sync keeps
+// the mma.sync kernels, which the tests below use as a second opinion on every row.
+struct ForceMmaSync {
+  ForceMmaSync() { setenv("DSA_FORCE_KERNEL", "mma_sync", 1); }
+  ~ForceMmaSync() { unsetenv("DSA_FORCE_KERNEL"); }
+};
+
+// Every row of two GPU results: lse within a small relative error (+inf exactly), outputs
+// within 4 bf16 steps of the row's largest magnitude (P enters both as bf16, the score order
+// differs).
+void expect_kernels_agree(const Result& a, const Result& b, int64_t T, int64_t H, const char* what) {
+  ASSERT_TRUE(a.status.ok()) << what << ": " << a.status.to_string();
+  ASSERT_TRUE(b.status.ok()) << what << " (mma_sync): " << b.status.to_string();
+  int64_t bad = 0;
+  std::string first;
+  for (int64_t row = 0; row < T * H; ++row) {
+    const float la = a.lse[row], lb = b.lse[row];
+    const bool inf_a = std::isinf(la), inf_b = std::isinf(lb);
+    if (inf_a || inf_b) {
+      if (!(inf_a && inf_b && la > 0 && lb > 0)) {
+        ++bad;
+        if (first.empty()) first = "row " + std::to_string(row) + ": lse " + std::to_string(la) + " vs " + std::to_string(lb);
+      }
+      continue;
+    }
+    if (!(std::fabs(la - lb) <= 1e-4f * std::max(1.f, std::fabs(lb)))) {
+      ++bad;
+      if (first.empty()) first = "row " + std::to_string(row) + ": lse " + std::to_string(la) + " vs " + std::to_string(lb);
+    }
+    float mag = 0.f;
+    for (int64_t d = 0; d < DV; ++d) mag = std::max(mag, std::fabs(b.out[row * DV + d]));
+    const float tol = 4.f * std::ldexp(1.f, std::ilogb(std::max(mag, 1e-30f)) - 7);
+    for (int64_t d = 0; d < DV; ++d) {
+      const float x = a.out[row * DV + d], y = b.out[row * DV + d];
+      if (!(std::fabs(x - y) <= tol)) {
+        ++bad;
+        if (first.empty())
+          first = "row " + std::to_string(row) + " dim " + std::to_string(d) + ": " + std::to_string(x) + " vs " + std::to_string(y);
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " mismatches with the mma.sync kernel, first: " << first;
+}
+
+std::vector<int64_t> sample_heads(int64_t H) {
+  std::vector<int64_t> h = {0, 1, H / 2 + 1, H - 1};
+  std::sort(h.begin(), h.end());
+  h.erase(std::unique(h.begin(), h.end()), h.end());
+  while (!h.empty() && h.back() >= H) h.pop_back();
+  return h;
+}
+
+TEST(GpuDecodeHopper, DenseContextsHeadsNextN) {
+  DSA_REQUIRE_GPU();
+  for (KvMode mode : {KvMode::kPagedBf16, KvMode::kPagedFp8}) {
+    for (int64_t H : {64, 128}) {
+      for (int64_t next_n = 1; next_n <= 4; ++next_n) {
+        // Contexts 1, 63, 64, 65, 2048 (a context below next_n is raised to next_n).
+        std::vector<std::pair<int64_t, int64_t>> seqs;
+        for (int64_t ctx : {1, 63, 64, 65, 2048}) seqs.push_back({next_n, std::max(ctx, next_n)});
+        const int64_t page = (next_n == 3 && mode == KvMode::kPagedBf16) ? 16 : 64;  // TMA sub-page boxes too
+        PagedSetup ps = paged_setup(mode, seqs, H, page, 300 + 10 * H + next_n);
+        const std::string what = std::string(mode == KvMode::kPagedFp8 ? "fp8" : "bf16") + " H=" + std::to_string(H) +
+                                 " next_n=" + std::to_string(next_n);
+        const Ref ref = reference(ps.kv, ps.in.q, dense_keys(ps.kv, ps.in), {}, all_of(ps.in.q.T), sample_heads(H));
+        const Result g = run_dense(ps.kv, ps.in, true);
+        expect_matches(g, ref, 2.0, ("hopper dense " + what).c_str());
+        const Result again = run_dense(ps.kv, ps.in, true);
+        EXPECT_TRUE(g.raw == again.raw) << what << ": repeated runs differ";
+        ForceMmaSync force;
+        expect_kernels_agree(g, run_dense(ps.kv, ps.in, true), ps.in.q.T, H, what.c_str());
+      }
+    }
+  }
+}
+
+TEST(GpuDecodeHopper, DenseFewAndOddHeadsSinkF32Out) {
+  DSA_REQUIRE_GPU();
+  for (int64_t H : {1, 5, 16, 32, 100}) {
+    PagedSetup ps = paged_setup(KvMode::kPagedBf16, {{2, 130}, {1, 1}, {4, 700}, {3, 64}}, H, 64, 400 + H);
+    ps.in.sink = random_sink(H, 401 + H);
+    const Ref ref = reference(ps.kv, ps.in.q, dense_keys(ps.kv, ps.in), ps.in.sink, all_of(ps.in.q.T), all_of(H));
+    const std::string what = "hopper dense H=" + std::to_string(H);
+    const Result g = run_dense(ps.kv, ps.in, true, {DType::kF32, 3});
+    expect_matches(g, ref, 2.0, what.c_str());
+    ForceMmaSync force;
+    expect_kernels_agree(g, run_dense(ps.kv, ps.in, true, {DType::kF32, 3}), ps.in.q.T, H, what.c_str());
+  }
+}
+
+TEST(GpuDecodeHopper, DenseSplitAndWholeSchedulesBitIdentical) {
+  DSA_REQUIRE_GPU();
+  // One long sequence: every CTA holds a piece of it (split, combined); 128 short ones: each
+  // CTA holds whole row blocks.
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>> batches = {
+      {{1, 20000}}, std::vector<std::pair<int64_t, int64_t>>(128, {1, 300}), {{2, 9000}, {1, 40}, {1, 5000}}};
+  for (size_t i = 0; i < batches.size(); ++i) {
+    for (KvMode mode : {KvMode::kPagedBf16, KvMode::kPagedFp8}) {
+      PagedSetup ps = paged_setup(mode, batches[i], 128, 64, 500 + i);
+      ps.in.sink = random_sink(128, 510 + i);
+      const std::string what = "schedule " + std::to_string(i) + (mode == KvMode::kPagedFp8 ? " fp8" : " bf16");
+      const std::vector<int64_t> tokens = {0, ps.in.q.T / 2, ps.in.q.T - 1};
+      const Ref ref = reference(ps.kv, ps.in.q, dense_keys(ps.kv, ps.in), ps.in.sink, tokens, sample_heads(128));
+      const Result a = run_dense(ps.kv, ps.in, true);
+      expect_matches(a, ref, 2.0, what.c_str());
+      const Result b = run_dense(ps.kv, ps.in, true);
+      EXPECT_TRUE(a.raw == b.raw) << what << ": repeated runs differ";
+      EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4)) << what << ": repeated lse differ";
+      ForceMmaSync force;
+      expect_kernels_agree(a, run_dense(ps.kv, ps.in, true), ps.in.q.T, 128, what.c_str());
+    }
+  }
+}
+
+TEST(GpuDecodeHopper, Dense128KContextH128) {
+  DSA_REQUIRE_GPU();
+  for (KvMode mode : {KvMode::kPagedBf16, KvMode::kPagedFp8}) {
+    PagedSetup ps = paged_setup(mode, {{1, 131072}}, 128, 64, 600);
+    const Ref ref = reference(ps.kv, ps.in.q, dense_keys(ps.kv, ps.in), {}, all_of(1), {0, 77, 127});
+    const Result a = run_dense(ps.kv, ps.in, true);
+    expect_matches(a, ref, 2.0, "128K H=128");
+    const Result b = run_dense(ps.kv, ps.in, true);
+    EXPECT_TRUE(a.raw == b.raw) << "repeated runs differ";
+    ForceMmaSync force;
+    expect_kernels_agree(a, run_dense(ps.kv, ps.in, true), 1, 128, "128K H=128");
+  }
+}
+
+// The schedule is computed on the device: a captured call replays correctly after kv_lens
+// changes in device memory.
+TEST(GpuDecodeHopper, DenseGraphReplayWithDeviceLengthChanges) {
+  DSA_REQUIRE_GPU();
+  const int64_t H = 128;
+  PagedSetup ps = paged_setup(KvMode::kPagedBf16, {{1, 3000}, {2, 500}, {1, 64}}, H, 64, 700);
+  const int64_t T = ps.in.q.T, B = 3;
+  const dsa::Device dev = dsa::cuda_device(0);
+  DeviceBuffer q(ps.in.q.data), cache(ps.kv.bytes), cu(ps.in.cu_q), bt(ps.in.block_table), lens(ps.in.kv_lens),
+      out(static_cast<size_t>(T * H * DV * 2), 0xFF), lse(static_cast<size_t>(T * H * 4), 0xFF);
+  dsa::DenseMlaParams p;
+  p.q = dsa::make_tensor(q.data(), DType::kBF16, {T, H, D}, dev);
+  p.kv = ps.kv.desc(cache.data(), dev);
+  p.cu_seqlens_q = vec_i32(cu.data(), B + 1, dev);
+  p.block_table = dsa::make_tensor(bt.data(), DType::kI32, {B, ps.in.max_blocks}, dev);
+  p.kv_lens = vec_i32(lens.data(), B, dev);
+  p.sm_scale = kScale;
+  p.out = dsa::make_tensor(out.data(), DType::kBF16, {T, H, DV}, dev);
+  p.lse = dsa::make_tensor(lse.data(), DType::kF32, {T, H}, dev);
+  const size_t ws_bytes = dsa::dense_mla_workspace_size(p);
+  DeviceBuffer ws(std::max<size_t>(ws_bytes, 1), 0xFF);
+  p.workspace = ws.data();
+  p.workspace_bytes = ws_bytes;
+  cudaStream_t stream;
+  DSA_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  p.stream = stream;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DSA_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Status st = dsa::dense_mla(p);
+  DSA_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  DSA_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  // Lengths per replay: the captured ones, then shorter ones (same block tables; slots past
+  // the original lengths hold NaN and stay unread).
+  const std::vector<std::vector<int32_t>> rounds = {ps.in.kv_lens, {1000, 64, 1}, {2999, 2, 63}};
+  for (size_t r = 0; r < rounds.size(); ++r) {
+    DSA_CUDA_OK(cudaMemcpyAsync(lens.data(), rounds[r].data(), B * 4, cudaMemcpyHostToDevice, stream));
+    DSA_CUDA_OK(cudaGraphLaunch(exec, stream));
+    DSA_CUDA_OK(cudaStreamSynchronize(stream));
+    DenseInputs in = ps.in;
+    in.kv_lens = rounds[r];
+    Result g;
+    g.raw.resize(static_cast<size_t>(T * H * DV * 2));
+    g.lse.resize(static_cast<size_t>(T * H));
+    DSA_CUDA_OK(cudaMemcpy(g.raw.data(), out.data(), g.raw.size(), cudaMemcpyDeviceToHost));
+    DSA_CUDA_OK(cudaMemcpy(g.lse.data(), lse.data(), g.lse.size() * 4, cudaMemcpyDeviceToHost));
+    g.out = decode_out(g.raw, DType::kBF16, T, H, DV);
+    const Ref ref = reference(ps.kv, in.q, dense_keys(ps.kv, in), {}, all_of(T), sample_heads(H));
+    expect_matches(g, ref, 2.0, ("graph replay " + std::to_string(r)).c_str());
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuDecodeHopper, SparseFp8DecodeHeadsTopkLengthSink) {
+  DSA_REQUIRE_GPU();
+  auto used = [](int64_t s) { return s % 5 != 2; };
+  const HostKv kv = make_kv(KvMode::kPagedFp8, 80, 64, 800, used);
+  for (int64_t H : {16, 32, 64, 128}) {
+    const int64_t B = 8, next_n = 2, T = B * next_n, K = 2048;
+    SparseInputs in;
+    in.q = make_q(T, H, 801 + H);
+    in.K = K;
+    in.indices = random_indices(T, K, kv.num_keys, 802 + H, 0.1, used);
+    FastRng rng(803 + H);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t pick = rng.below(6);
+      in.topk_length.push_back(static_cast<int32_t>(pick == 0 ? 0 : pick == 1 ? K : pick == 2 ? 1 : pick == 3 ? 64 : rng.below(K + 1)));
+    }
+    in.sink = random_sink(H, 804 + H);
+    const std::string what = "sparse fp8 H=" + std::to_string(H);
+    const Ref ref = reference(kv, in.q, sparse_keys(kv, in), in.sink, all_of(T), sample_heads(H));
+    const Result g = run_sparse(kv, in, true);
+    expect_matches(g, ref, 2.0, what.c_str());
+    const Result again = run_sparse(kv, in, true);
+    EXPECT_TRUE(g.raw == again.raw) << what << ": repeated runs differ";
+    ForceMmaSync force;
+    expect_kernels_agree(g, run_sparse(kv, in, true), T, H, what.c_str());
+  }
+}
+
+TEST(GpuDecodeHopper, SparseFp8Batch128AgainstBf16Latents) {
+  DSA_REQUIRE_GPU();
+  // The benchmark shape, smaller cache: B=128 next_n=2, K=2048, H=128, against the
+  // dequantised-exact reference (sampled rows) and loosely against the unquantised latents.
+  const HostKv kv = make_kv(KvMode::kPagedFp8, 128, 64, 900, nullptr, 0, false);
+  const int64_t T = 256, H = 128, K = 2048;
+  SparseInputs in;
+  in.q = make_q(T, H, 901);
+  in.K = K;
+  in.indices = random_indices(T, K, kv.num_keys, 902, 0.0);
+  const std::vector<int64_t> tokens = {0, 1, 127, 255};
+  const Ref exact = reference(kv, in.q, sparse_keys(kv, in), {}, tokens, sample_heads(H));
+  const Result g = run_sparse(kv, in, true, {DType::kF32, 0});
+  expect_matches(g, exact, 2.0, "sparse fp8 B=128");
+  HostKv latents = kv;
+  latents.value = latents.orig;
+  const Ref loose = reference(latents, in.q, sparse_keys(latents, in), {}, tokens, sample_heads(H));
+  double err2 = 0.0, mag2 = 0.0, worst_lse = 0.0;
+  for (int64_t t : tokens)
+    for (int64_t h : sample_heads(H)) {
+      const int64_t row = t * H + h;
+      worst_lse = std::max(worst_lse, std::fabs(g.lse[row] - loose.lse[row]));
+      for (int64_t d = 0; d < DV; ++d) {
+        const double e = g.out[row * DV + d] - loose.out[row * DV + d];
+        err2 += e * e;
+        mag2 += loose.out_scale[row * DV + d] * loose.out_scale[row * DV + d];
+      }
+    }
+  EXPECT_LT(std::sqrt(err2 / mag2), 0.08) << "fp8 output far from the bf16 latents (rms)";
+  EXPECT_LT(worst_lse, 0.5) << "fp8 lse far from the bf16 latents";
 }
 
 }  // namespace

@@ -284,3 +284,135 @@ TEST(GpuStepGraph, BackToBackEagerStepsKeepTheirOwnMetadata) {
   EXPECT_TRUE(same(snapshot(sx2), ref[0], "x, second"));
   EXPECT_TRUE(same(snapshot(sy2), ref[1], "y, second"));
 }
+
+// StepParams::time_stages (issue 9): timed steps give the same bytes as untimed ones, report
+// per-stage GPU times that partition the total, and a step captured with the option set is
+// captured untimed (no synchronisation under capture) and still replays the eager step. The
+// batch's tiled rows change stage more often than the timer has events, so the timer's
+// harvest-and-reuse path runs too.
+TEST(GpuStepGraph, StageTimesChangeNoByteAndCaptureStillReplays) {
+  DSA_REQUIRE_GPU();
+  const Batch b = make_batch({{40, 40}, {24, 700}, {30, 30}, {8, 150}, {2, 2000}, {2, 1200}}, 31);
+  Plan plan;
+  ASSERT_TRUE(tight_plan(b.T, b.B, b.max_kv, &plan).ok());
+  ASSERT_GT(plan.tile_width, 0);
+  StreamGuard stream;
+  DeviceBuffer ws(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+  DeviceStep st(b, ws.data(), ws.size(), stream.s);
+  Attention attn(plan);
+  ASSERT_TRUE(attn.status().ok());
+
+  StepReport plain;
+  Status r = attn.step(st.p, &plain);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  EXPECT_FALSE(plain.gpu_timed);
+  EXPECT_EQ(plain.gpu_ms_total, 0.0);
+  const Snapshot untimed = snapshot(st);
+
+  for (int round = 0; round < 2; ++round) {  // the second reuses the object's events
+    st.reset();
+    st.p.time_stages = true;
+    StepReport timed;
+    r = attn.step(st.p, &timed);
+    st.p.time_stages = false;
+    ASSERT_TRUE(r.ok()) << r.to_string();
+    DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+    ASSERT_TRUE(device_clean());
+    EXPECT_TRUE(same(snapshot(st), untimed, "timed step, round " + std::to_string(round)));
+    EXPECT_TRUE(timed.gpu_timed);
+    EXPECT_GT(timed.gpu_ms_total, 0.0);
+    const double stages[] = {timed.gpu_ms_cache, timed.gpu_ms_prepare, timed.gpu_ms_score, timed.gpu_ms_select,
+                             timed.gpu_ms_map, timed.gpu_ms_sparse, timed.gpu_ms_dense};
+    double sum = 0;
+    for (double v : stages) {
+      EXPECT_GE(v, 0.0);
+      sum += v;
+    }
+    EXPECT_NEAR(sum, timed.gpu_ms_total, 1e-3 * timed.gpu_ms_total + 1e-6) << "stage intervals partition the total";
+    // Every stage of this batch launched work: a stage that ran kernels has a nonzero interval.
+    EXPECT_GT(timed.gpu_ms_score, 0.0);
+    EXPECT_GT(timed.gpu_ms_sparse, 0.0);
+    EXPECT_GT(timed.gpu_ms_dense, 0.0);
+    EXPECT_EQ(timed.seqs[0], plain.seqs[0]);
+    EXPECT_EQ(timed.score_tiles, plain.score_tiles);
+  }
+
+  // Captured with time_stages set: the capture records no timing event and never waits.
+  st.reset();
+  DSA_CUDA_OK(cudaMemset(ws.data(), 0x7F, ws.size()));
+  DSA_CUDA_OK(cudaDeviceSynchronize());
+  st.p.time_stages = true;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_TRUE(capture_step(attn, st, stream.s, &graph, &exec));
+  st.p.time_stages = false;
+  for (int replay = 0; replay < 2; ++replay) {
+    st.reset();
+    DSA_CUDA_OK(cudaGraphLaunch(exec, stream.s));
+    DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+    ASSERT_TRUE(device_clean());
+    EXPECT_TRUE(same(snapshot(st), untimed, "replay of a capture with time_stages " + std::to_string(replay)));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// Plan once per step, run per layer on CUDA: prepare() + run() equals step() bit for bit,
+// a second layer's run over the same prepare too, and a capture of prepare + two runs
+// replays them.
+TEST(GpuStepGraph, PreparedRunsEqualStepsAndCapture) {
+  DSA_REQUIRE_GPU();
+  const Batch b = make_batch({{40, 40}, {24, 700}, {30, 30}, {8, 150}, {2, 2000}, {2, 1200}}, 41);
+  Plan plan;
+  ASSERT_TRUE(tight_plan(b.T, b.B, b.max_kv, &plan).ok());
+  StreamGuard stream;
+  DeviceBuffer ws(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+  DeviceStep st(b, ws.data(), ws.size(), stream.s);
+  Snapshot stepped;
+  {
+    Attention a(plan);
+    const Status r = a.step(st.p);
+    ASSERT_TRUE(r.ok()) << r.to_string();
+    DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+    stepped = snapshot(st);
+  }
+  Attention attn(plan);
+  ASSERT_TRUE(attn.status().ok());
+  st.reset();
+  StepReport pr, rr;
+  Status r = attn.prepare(st.p, &pr);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  r = attn.run(st.p, &rr);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  EXPECT_TRUE(same(snapshot(st), stepped, "prepare + run"));
+  EXPECT_GT(rr.host_us, 0.0);
+  // The next layer: the caches restored as before the step, run alone.
+  st.reset();
+  r = attn.run(st.p);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  EXPECT_TRUE(same(snapshot(st), stepped, "second run over one prepare"));
+
+  // prepare + run + run captured in one graph.
+  st.reset();
+  DSA_CUDA_OK(cudaMemset(ws.data(), 0x7F, ws.size()));
+  DSA_CUDA_OK(cudaDeviceSynchronize());
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DSA_CUDA_OK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeGlobal));
+  Status c1 = attn.prepare(st.p), c2 = attn.run(st.p), c3 = attn.run(st.p);
+  const cudaError_t end = cudaStreamEndCapture(stream.s, &graph);
+  ASSERT_TRUE(c1.ok() && c2.ok() && c3.ok()) << c1.to_string() << c2.to_string() << c3.to_string();
+  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+  DSA_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  st.reset();
+  DSA_CUDA_OK(cudaGraphLaunch(exec, stream.s));
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  ASSERT_TRUE(device_clean());
+  // Two runs writing the same tokens leave the caches and outputs as one step does.
+  EXPECT_TRUE(same(snapshot(st), stepped, "captured prepare + two runs"));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}

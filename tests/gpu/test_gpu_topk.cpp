@@ -2,11 +2,16 @@
 // ties to the lower index, NaN lowest, ascending index order, -1 padding), so indices and
 // values must match bit for bit. Device lengths and indices cannot be validated: invalid
 // ones must behave as documented (lengths clamp to [0, W]; bad indices map to -1).
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <limits>
+#include <string>
 
+#include "cuda/topk_internal.h"
+#include "dsa/numerics.h"
 #include "gpu_util.h"
+#include "oracle/oracle_logits.h"
 
 using namespace dsa;
 using namespace dsa_gpu_test;
@@ -40,15 +45,20 @@ std::vector<float> make_logits(Rng& rng, int64_t M, int64_t W, Fill fill) {
   return x;
 }
 
-// Runs CPU (host lengths `cpu_len`) and GPU (device lengths `dev_len`), compares exactly.
-void run_topk(const std::vector<float>& x, int64_t M, int64_t W, int64_t k, const std::vector<int32_t>& dev_len,
-              const std::vector<int32_t>& cpu_len, bool with_values) {
+// Runs CPU (host lengths `cpu_len`) and GPU (device lengths `dev_len`), compares exactly;
+// row 0 also against the sort-based oracle. bf16: x must hold bf16 values (both backends read
+// them as bf16). Returns the kernel the GPU ran.
+std::string run_topk(const std::vector<float>& x, int64_t M, int64_t W, int64_t k, const std::vector<int32_t>& dev_len,
+                     const std::vector<int32_t>& cpu_len, bool with_values, bool bf16 = false) {
   std::vector<int32_t> ref_idx(static_cast<size_t>(M * k), 12345);
   std::vector<float> ref_val(static_cast<size_t>(M * k), 1.f);
   std::vector<float> hx = x;
+  std::vector<uint16_t> hb;
+  if (bf16)
+    for (float v : x) hb.push_back(float_to_bf16(v));
   std::vector<int32_t> hl = cpu_len;
   TopkParams hp;
-  hp.logits = make_tensor(hx.data(), DType::kF32, {M, W});
+  hp.logits = bf16 ? make_tensor(hb.data(), DType::kBF16, {M, W}) : make_tensor(hx.data(), DType::kF32, {M, W});
   hp.lengths = make_tensor(hl.data(), DType::kI32, {M});
   hp.k = k;
   hp.indices = make_tensor(ref_idx.data(), DType::kI32, {M, k});
@@ -56,31 +66,54 @@ void run_topk(const std::vector<float>& x, int64_t M, int64_t W, int64_t k, cons
   std::vector<uint8_t> hws(topk_workspace_size(hp));  // the CPU's per-row key buffers
   hp.workspace = hws.data();
   hp.workspace_bytes = hws.size();
-  DSA_ASSERT_OK(topk(hp));
+  EXPECT_TRUE(topk(hp).ok());
+  if (M > 0 && W > 0) {
+    std::vector<float> row0(x.begin(), x.begin() + W);
+    if (bf16)
+      for (auto& v : row0) v = bf16_to_float(float_to_bf16(v));
+    const auto want = oracle::topk_row(row0.data(), cpu_len[0], k);
+    for (int64_t j = 0; j < k; ++j) {
+      if (want[j] != ref_idx[j]) {
+        ADD_FAILURE() << "CPU reference differs from the oracle at slot " << j;
+        break;
+      }
+    }
+  }
 
-  DeviceBuffer dx(x), dl(dev_len), di(M * k * 4, 0x5A), dv(M * k * 4, 0x5A);
+  DeviceBuffer dl(dev_len), di(M * k * 4, 0x5A), dv(M * k * 4, 0x5A);
+  DeviceBuffer dx = bf16 ? DeviceBuffer(hb) : DeviceBuffer(x);
   TopkParams gp = hp;
-  gp.logits = dev_tensor(dx, DType::kF32, {M, W});
+  gp.logits = dev_tensor(dx, bf16 ? DType::kBF16 : DType::kF32, {M, W});
   gp.lengths = dev_tensor(dl, DType::kI32, {M});
   gp.indices = dev_tensor(di, DType::kI32, {M, k});
   gp.values = with_values ? dev_tensor(dv, DType::kF32, {M, k}) : TensorDesc{};
   const size_t ws = topk_workspace_size(gp);
-  DeviceBuffer dws(ws);
-  gp.workspace = dws.data();
+  DeviceBuffer dws(ws, 0x77);
+  gp.workspace = ws ? dws.data() : nullptr;
   gp.workspace_bytes = ws;
-  DSA_ASSERT_OK(topk(gp));
-  ASSERT_TRUE(device_clean());
+  const std::string name = gpu::topk_kernel_name(gp);
+  EXPECT_TRUE(topk(gp).ok()) << name;
+  EXPECT_EQ(name, last_kernel_name());
+  EXPECT_TRUE(device_clean()) << name;
   const auto idx = di.download<int32_t>();
-  ASSERT_TRUE(same_bits(idx, ref_idx, "indices"));
+  EXPECT_TRUE(same_bits(idx, ref_idx, "indices")) << name;
   if (with_values) {
-    EXPECT_TRUE(same_bits(dv.download<float>(), ref_val, "values"));
+    EXPECT_TRUE(same_bits(dv.download<float>(), ref_val, "values")) << name;
   }
-  DSA_ASSERT_OK(topk(gp));
-  EXPECT_TRUE(same_bits(di.download<int32_t>(), idx, "repeat run"));
+  EXPECT_TRUE(topk(gp).ok());
+  EXPECT_TRUE(same_bits(di.download<int32_t>(), idx, "repeat run")) << name;
+  return name;
 }
 
-void run_topk_same(Rng& rng, int64_t M, int64_t W, int64_t k, std::vector<int32_t> len, Fill fill, bool values = true) {
-  run_topk(make_logits(rng, M, W, fill), M, W, k, len, len, values);
+unsigned long long fallbacks() {
+  unsigned long long n = 0;
+  EXPECT_EQ(gpu::topk_fallback_count(&n), StatusCode::kOk);
+  return n;
+}
+
+std::string run_topk_same(Rng& rng, int64_t M, int64_t W, int64_t k, std::vector<int32_t> len, Fill fill,
+                          bool values = true, bool bf16 = false) {
+  return run_topk(make_logits(rng, M, W, fill), M, W, k, len, len, values, bf16);
 }
 
 }  // namespace
@@ -126,9 +159,9 @@ TEST(GpuTopk, Prefill16KRows) {
   run_topk_same(rng, M, W, 2048, len, Fill::kNormal, false);
 }
 
-// The kernel keeps the keys of the k-th value's 12-bit bucket (sign, exponent, 3 mantissa bits)
-// in a 7168-entry shared list; a larger bucket reads the row instead. Buckets just below, at
-// and above that size, with duplicates (ties) among them, shuffled.
+// Large buckets at the k-th value: first written for the legacy kernel's 7168-key list (its
+// 12-bit bucket: sign, exponent, 3 mantissa bits); for the streaming kernel they put many
+// candidates at and around the threshold, with duplicates (ties), shuffled.
 TEST(GpuTopk, CandidateBucketAroundSharedCapacity) {
   DSA_REQUIRE_GPU();
   Rng rng(7);
@@ -176,6 +209,145 @@ TEST(GpuTopk, InvalidDeviceLengthsClamp) {
   for (size_t i = 0; i < dev.size(); ++i) cpu[i] = dev[i] < 0 ? 0 : static_cast<int32_t>(W);
   const int64_t M = static_cast<int64_t>(dev.size());
   run_topk(make_logits(rng, M, W, Fill::kNormal), M, W, k, dev, cpu, true);
+}
+
+// Both streaming paths: one block per row (many rows, or rows shorter than 8k) and rows split
+// over blocks with a merge (few rows), at k = 64, 2048, 16384 and lengths around k.
+TEST(GpuTopk, OneBlockAndSplitPathsAtEveryK) {
+  DSA_REQUIRE_GPU();
+  Rng rng(21);
+  for (int64_t k : {64, 2048, 16384}) {
+    const int64_t W = std::max<int64_t>(32768, std::min<int64_t>(16 * k, 131072));  // >= 2 runs of 16384
+    const std::vector<int32_t> len = {static_cast<int32_t>(W), 0, 1, static_cast<int32_t>(k - 1), static_cast<int32_t>(k),
+                                      static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 1), static_cast<int32_t>(W / 2 + 3)};
+    EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kNormal), "topk.stream_split") << k;
+    std::vector<int32_t> many(400);
+    for (size_t i = 0; i < many.size(); ++i) many[i] = len[i % len.size()];
+    if (k <= 2048) EXPECT_EQ(run_topk_same(rng, 400, W, k, many, Fill::kNormal, false), "topk.stream_rows") << k;
+  }
+  EXPECT_EQ(run_topk_same(rng, 3, 5000, 2048, {5000, 4097, 2049}, Fill::kNormal), "topk.stream_rows");
+}
+
+// Ordinary rows never need the fallback: the sampled threshold lands between k and the
+// candidate capacity (the streaming path is what these shapes measure).
+TEST(GpuTopk, RandomRowsTakeTheStreamingPath) {
+  DSA_REQUIRE_GPU();
+  Rng rng(22);
+  const unsigned long long before = fallbacks();
+  run_topk_same(rng, 300, 32768, 2048, std::vector<int32_t>(300, 32768), Fill::kNormal, false);
+  run_topk_same(rng, 4, 131072, 2048, {131072, 131072, 100000, 65536}, Fill::kNormal);
+  EXPECT_EQ(fallbacks(), before);
+}
+
+// Candidate-list overflow (every key passes any threshold) and underfill take the exact
+// fallback, on both paths; the counter proves the fallback ran.
+TEST(GpuTopk, OverflowTakesTheExactFallback) {
+  DSA_REQUIRE_GPU();
+  const int64_t W = 100000;
+  for (const int64_t M : {int64_t{2}, int64_t{300}}) {
+    std::vector<float> x(static_cast<size_t>(M * W));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < W; ++j)
+        x[i * W + j] = i % 2 ? 2.5f : (j % 50000 == 7 ? 3.f : -0.f);  // all equal; all but a few equal
+    const unsigned long long before = fallbacks();
+    const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(W));
+    const std::string name = run_topk(x, M, W, 2048, len, len, true);
+    EXPECT_EQ(name, M == 2 ? "topk.stream_split" : "topk.stream_rows");
+    EXPECT_GT(fallbacks(), before) << name;
+  }
+  // Underfill: the sampled chunks (32 runs of 128 keys spread over the row) hold the row's
+  // largest values, so few keys pass the threshold. Rows of W = 65536 on the one-block path.
+  const int64_t M = 300, Wr = 65536;
+  std::vector<float> x(static_cast<size_t>(M * Wr));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < Wr; ++j) {
+      const int64_t c = j / (Wr / 32), off = j % (Wr / 32);
+      x[i * Wr + j] = off < 128 ? 100.f + static_cast<float>(c * 128 + off) : static_cast<float>(j % 1000);
+    }
+  const unsigned long long before = fallbacks();
+  const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(Wr));
+  EXPECT_EQ(run_topk(x, M, Wr, 2048, len, len, true), "topk.stream_rows");
+  EXPECT_GT(fallbacks(), before);
+}
+
+// Rows built to defeat radix selection (as in the CPU suite): 100K keys in one 12-bit bucket,
+// keys differing in the last mantissa bit, all but a few equal, signed zeros, -inf runs, NaN.
+TEST(GpuTopk, AdversarialRows) {
+  DSA_REQUIRE_GPU();
+  Rng rng(23);
+  const int64_t W = 100000, M = 6;
+  std::vector<float> x(static_cast<size_t>(M * W));
+  for (int64_t j = 0; j < W; ++j) {
+    x[j] = 1.f + std::ldexp(static_cast<float>(rng.integer(0, (1 << 20) - 1)), -23);
+    x[W + j] = j % 2 ? std::nextafter(1.5f, 2.f) : 1.5f;
+    x[2 * W + j] = (j % 9973 == 17) ? 3.f + static_cast<float>(j % 5) : 0.25f;
+    x[3 * W + j] = (j % 3 == 0) ? -0.f : (j % 3 == 1 ? 0.f : -1.f);
+    x[4 * W + j] = (j / 700) % 2 ? -kInf : static_cast<float>(rng.integer(-2, 2));
+    x[5 * W + j] = j % 4 == 0 ? std::numeric_limits<float>::quiet_NaN() : (j % 4 == 1 ? -kInf : rng.normal());
+  }
+  for (int64_t k : {64, 2048, 16384}) {
+    const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W - 1), static_cast<int32_t>(W),
+                                      static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 3), static_cast<int32_t>(W)};
+    run_topk(x, M, W, k, len, len, true);
+    run_topk(x, M, W, k, len, len, true, true);  // the same rows in bf16
+  }
+  // NaN below -inf: 20% numbers, 20% -inf, 60% NaN. 100000 keys: numbers only; 30000 keys:
+  // every number and -inf, then the lowest-index NaNs.
+  std::vector<float> y(static_cast<size_t>(W));
+  for (int64_t j = 0; j < W; ++j)
+    y[j] = j % 5 == 0 ? rng.normal() : (j % 5 < 3 ? std::numeric_limits<float>::quiet_NaN() : (j % 5 == 3 ? -kInf : std::numeric_limits<float>::quiet_NaN()));
+  run_topk(y, 1, W, 16384, {static_cast<int32_t>(W)}, {static_cast<int32_t>(W)}, true);
+  run_topk(y, 1, W, 16384, {30000}, {30000}, true);  // 12000 numbers and -inf, then NaNs
+}
+
+// Rows of 1,048,576 keys (split over blocks), f32 and bf16, k = 2048 and 16384.
+TEST(GpuTopk, MillionKeyRows) {
+  DSA_REQUIRE_GPU();
+  Rng rng(24);
+  const int64_t W = 1048576;
+  const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W - 7), 131073};
+  EXPECT_EQ(run_topk_same(rng, 3, W, 2048, len, Fill::kNormal), "topk.stream_split");
+  EXPECT_EQ(run_topk_same(rng, 3, W, 2048, len, Fill::kNormal, true, true), "topk.stream_split");
+  EXPECT_EQ(run_topk_same(rng, 2, W, 16384, {static_cast<int32_t>(W), 600000}, Fill::kNormal), "topk.stream_split");
+  EXPECT_EQ(run_topk_same(rng, 2, W, 2048, {static_cast<int32_t>(W), 900000}, Fill::kFewLevels), "topk.stream_split");
+}
+
+// bf16 logits on both paths, with ties, NaN, +-inf and signed zeros; odd widths (unaligned rows).
+TEST(GpuTopk, Bf16Rows) {
+  DSA_REQUIRE_GPU();
+  Rng rng(25);
+  run_topk_same(rng, 7, 5003, 2048, {0, 1, 2047, 2048, 2049, 5003, 5001}, Fill::kNormal, true, true);
+  run_topk_same(rng, 6, 40001, 2048, {40001, 40000, 39999, 2049, 30000, 12345}, Fill::kSpecials, true, true);
+  run_topk_same(rng, 300, 9001, 64, std::vector<int32_t>(300, 9001), Fill::kNormal, true, true);
+}
+
+// The planner sizes a chunk's scratch for its largest row count and reuses it for fewer rows:
+// the CUDA size must not grow as M or W shrink.
+TEST(GpuTopk, WorkspaceSizeIsNonDecreasing) {
+  DSA_REQUIRE_GPU();
+  DeviceBuffer any(64);
+  size_t last = 0;
+  for (int64_t M : {1, 2, 63, 64, 65, 131, 132, 133, 264, 265, 4096}) {
+    TopkParams p;
+    p.logits = dev_tensor(any, DType::kF32, {M, 65536});
+    p.lengths = dev_tensor(any, DType::kI32, {M});
+    p.k = 2048;
+    p.indices = dev_tensor(any, DType::kI32, {M, 2048});
+    const size_t ws = topk_workspace_size(p);
+    EXPECT_GE(ws, last) << M;
+    last = ws;
+  }
+  size_t lw = 0;
+  for (int64_t W : {2048, 4096, 16383, 16384, 131072, 131073, 1048576}) {
+    TopkParams p;
+    p.logits = dev_tensor(any, DType::kF32, {64, W});
+    p.lengths = dev_tensor(any, DType::kI32, {64});
+    p.k = 2048;
+    p.indices = dev_tensor(any, DType::kI32, {64, 2048});
+    const size_t ws = topk_workspace_size(p);
+    EXPECT_GE(ws, lw) << W;
+    lw = ws;
+  }
 }
 
 namespace {

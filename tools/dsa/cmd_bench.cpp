@@ -1,4 +1,6 @@
-// `dsa bench`: per-op GPU benchmarks at the shapes of SPEC §2 (issue 4 §6).
+// `dsa bench`: per-op GPU benchmarks at the shapes of SPEC §2 (issue 4 §6) and of the anchors
+// (/work/shared/anchors/bench.py: same op and shape strings), plus the layer benchmarks of
+// bench_layer.cpp (issue 9). Every row names the kernel that ran (dsa::last_kernel_name).
 //
 // Every op runs through the public API on device buffers filled with random data (never
 // zeros), rotating between several input sets so one run does not warm the cache for the
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "dsa/dsa.h"
 
 #if defined(DSA_WITH_CUDA)
@@ -26,41 +29,34 @@
 #include "cuda/cuda_ops.h"  // set_mha_stages: the MHA prefill's attention part alone
 #endif
 
+using namespace dsa_bench;
+
+constexpr int kNoDevice = 77;
+
 namespace {
-
-// Ceilings of the lent H200 as given in the project brief (bf16 GEMM ~780 TFLOP/s, fp8 GEMM
-// ~1420 TFLOP/s, device copy ~4.25 TB/s counting read + write; see docs/perf.md). Override with
-// --bf16-tflops / --fp8-tflops / --copy-tbs on other devices.
-constexpr double kBf16Tflops = 780.0;
-constexpr double kFp8Tflops = 1420.0;
-constexpr double kCopyTBs = 4.25;
-
-struct Options {
-  bool quick = false;
-  bool json = false;
-  std::string json_path;  // empty: stdout
-  std::vector<std::string> ops;  // empty: all
-  int warmup = 3;
-  int iters = 30;
-  int device = 0;
-  double bf16_tflops = kBf16Tflops;
-  double fp8_tflops = kFp8Tflops;
-  double copy_tbs = kCopyTBs;
-};
 
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: dsa bench [options]\n"
-               "  --op NAME[,NAME]   only these ops: indexer_logits, topk, sparse_mla_prefill,\n"
-               "                     sparse_mla_decode, dense_mla_decode, dense_mla_prefill\n"
-               "  --quick            fewer shapes and runs (whole run well under a minute)\n"
-               "  --json [PATH]      JSON results to PATH (or stdout) instead of the table\n"
+               "  --op NAME[,NAME]   only these ops: indexer_logits, indexer_logits_paged, topk,\n"
+               "                     sparse_mla_prefill, sparse_mla_decode, dense_mla_decode,\n"
+               "                     dense_mla_prefill, layer_prefill, layer_decode\n"
+               "  --quick            fewer and smaller shapes, fewer runs (whole run well under a minute;\n"
+               "                     layer_prefill at S=16384 step=4096)\n"
+               "  --json [PATH]      JSON results to PATH (the table still prints) or to stdout (no table)\n"
                "  --warmup N         untimed runs per shape (default 3; quick 2)\n"
                "  --iters N          timed runs per shape, median reported (default 30; quick 10)\n"
                "  --device N         CUDA device (default 0)\n"
+               "  --backend cpu|cuda cuda (default), or cpu: only the layer benchmarks, on the CPU backend\n"
+               "                     (host times; give small sizes with --prefill / --decode)\n"
+               "  --preset NAME      layer benchmarks of this preset only (default glm-5 and deepseek-v3.2)\n"
+               "  --prefill S,STEP   layer_prefill of S tokens in steps of STEP instead of the default shape\n"
+               "  --decode B,N,CTX   layer_decode of B sequences, next_n N, CTX cached tokens each\n"
                "  --bf16-tflops X    bf16 tensor-core ceiling for floors (default %.0f)\n"
                "  --fp8-tflops X     fp8 tensor-core ceiling (default %.0f)\n"
-               "  --copy-tbs X       memory bandwidth ceiling in TB/s (default %.2f)\n",
+               "  --copy-tbs X       memory bandwidth ceiling in TB/s (default %.2f)\n"
+               "Exit status: 0 every benchmark ran, 1 one failed, 2 bad options, 77 no CUDA backend or\n"
+               "device (a test harness's skip code).\n",
                kBf16Tflops, kFp8Tflops, kCopyTBs);
 }
 
@@ -80,6 +76,7 @@ bool parse(int argc, char** argv, Options* o) {
       std::exit(0);
     } else if (a == "--quick") {
       o->quick = true;
+
     } else if (a == "--json") {
       o->json = true;
       if (i + 1 < argc && argv[i + 1][0] != '-') o->json_path = argv[++i];
@@ -106,6 +103,38 @@ bool parse(int argc, char** argv, Options* o) {
       if (a == "--warmup") { o->warmup = n; warm_set = true; }
       else if (a == "--iters") { o->iters = n; iters_set = true; }
       else o->device = n;
+    } else if (a == "--backend") {
+      const char* v = value("--backend");
+      if (!v) return false;
+      const std::string b = v;
+      if (b != "cpu" && b != "cuda") {
+        std::fprintf(stderr, "dsa bench: --backend: expected cpu or cuda, got '%s'\n", v);
+        return false;
+      }
+      o->cpu = b == "cpu";
+    } else if (a == "--preset") {
+      const char* v = value("--preset");
+      if (!v) return false;
+      dsa::ModelGeometry g;
+      if (!dsa::geometry_preset(v, &g).ok()) {
+        std::fprintf(stderr, "dsa bench: --preset: unknown preset '%s'\n", v);
+        return false;
+      }
+      o->preset = v;
+    } else if (a == "--prefill" || a == "--decode") {
+      const char* v = value(a.c_str());
+      if (!v) return false;
+      long long x[3] = {0, 0, 0};
+      const int want = a == "--prefill" ? 2 : 3;
+      const int got = want == 2 ? std::sscanf(v, "%lld,%lld", &x[0], &x[1]) : std::sscanf(v, "%lld,%lld,%lld", &x[0], &x[1], &x[2]);
+      bool good = got == want && x[0] > 0 && x[1] > 0 && (want == 2 || x[2] >= x[1]);
+      if (!good) {
+        std::fprintf(stderr, "dsa bench: %s: expected %s of positive integers, got '%s'\n", a.c_str(),
+                     want == 2 ? "S,STEP" : "B,NEXT_N,CTX (CTX >= NEXT_N)", v);
+        return false;
+      }
+      if (want == 2) { o->prefill_S = x[0]; o->prefill_step = x[1]; }
+      else { o->decode_B = x[0]; o->decode_next_n = x[1]; o->decode_ctx = x[2]; }
     } else if (a == "--bf16-tflops" || a == "--fp8-tflops" || a == "--copy-tbs") {
       const char* v = value(a.c_str());
       if (!v) return false;
@@ -128,8 +157,9 @@ bool parse(int argc, char** argv, Options* o) {
   return true;
 }
 
-const char* const kOpNames[] = {"indexer_logits", "topk", "sparse_mla_prefill", "sparse_mla_decode",
-                                "dense_mla_decode", "dense_mla_prefill"};
+const char* const kOpNames[] = {"indexer_logits",   "indexer_logits_paged", "topk",
+                                "sparse_mla_prefill", "sparse_mla_decode",  "dense_mla_decode",
+                                "dense_mla_prefill",  "layer_prefill",      "layer_decode"};
 
 bool ops_known(const Options& o) {
   for (const auto& name : o.ops) {
@@ -142,6 +172,140 @@ bool ops_known(const Options& o) {
   return true;
 }
 
+bool selected(const Options& o, const char* op) {
+  return o.ops.empty() || std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end();
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) { o += ' '; continue; }
+    o += c;
+  }
+  return o;
+}
+
+
+// One benchmark: runs it with the device's random pools (null on the CPU).
+using Case = std::function<Result(const Pools*)>;
+
+// The layer benchmarks: the default shapes (their strings join with the anchors'), or the sizes
+// of --prefill / --decode and --preset.
+void add_layer_cases(const Options& o, std::vector<Case>* cases) {
+  const std::vector<std::string> presets =
+      o.preset.empty() ? std::vector<std::string>{"glm-5", "deepseek-v3.2"} : std::vector<std::string>{o.preset};
+  if (selected(o, "layer_prefill")) {
+    const int64_t S = o.prefill_S ? o.prefill_S : o.quick ? 16384 : 131072;
+    const int64_t step = o.prefill_step ? o.prefill_step : o.quick ? 4096 : 8192;
+    for (const std::string& preset : presets)
+      cases->push_back([&o, preset, S, step](const Pools* pp) {
+        return bench_layer_prefill(o, pp, preset, S, step, dsa::kDefaultScoreBudgetBytes);
+      });
+  }
+  if (selected(o, "layer_decode")) {
+    if (o.decode_B) {
+      for (const std::string& preset : presets)
+        cases->push_back([&o, preset](const Pools* pp) {
+          return bench_layer_decode(o, pp, preset, o.decode_B, o.decode_next_n, o.decode_ctx);
+        });
+    } else {
+      if (o.preset.empty() || o.preset == "glm-5")
+        cases->push_back([&o](const Pools* pp) { return bench_layer_decode(o, pp, "glm-5", 64, 2, o.quick ? 8192 : 32768); });
+      if ((o.preset.empty() && !o.quick) || o.preset == "deepseek-v3.2")
+        cases->push_back([&o](const Pools* pp) { return bench_layer_decode(o, pp, "deepseek-v3.2", 128, 1, 8192); });
+    }
+  }
+}
+
+// Runs the cases, prints the table (unless JSON goes to stdout) and writes the JSON.
+int run_cases(const Options& o, const std::string& device, int units, const std::vector<Case>& cases, const Pools* pools) {
+  std::vector<Result> results;
+  bool all_ok = true;
+  const bool table = !o.json || !o.json_path.empty();  // JSON to a file: the table still prints
+  if (table) {
+    std::printf("dsa bench on %s (%d %s); ceilings bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s, memory %.2f TB/s\n",
+                device.c_str(), units, o.cpu ? "threads" : "SMs", o.bf16_tflops, o.fp8_tflops, o.copy_tbs);
+    std::printf("%-20s %-46s %10s %9s %9s %10s %8s %8s  %s\n", "op", "shape", "ms", "TFLOP/s", "GB/s", "floor ms",
+                "x floor", "bound", "kernel");
+  }
+  for (const auto& c : cases) {
+    Result r = c(pools);
+    set_floor(o, &r);
+    all_ok = all_ok && r.ok;
+    if (table) {
+      if (r.ok) {
+        std::printf("%-20s %-46s %10.4f %9.1f %9.0f %10.4f %8.2f %8s  %s\n", r.op.c_str(), r.shape.c_str(), r.ms,
+                    r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6), r.floor_ms, r.ms / r.floor_ms, r.bound,
+                    r.kernel.empty() ? "-" : r.kernel.c_str());
+        if (!r.text_extra.empty()) std::fputs(r.text_extra.c_str(), stdout);
+      } else {
+        std::printf("%-20s %-46s FAILED: %s\n", r.op.c_str(), r.shape.c_str(), r.error.c_str());
+      }
+      std::fflush(stdout);
+    }
+    results.push_back(r);
+  }
+
+  if (o.json) {
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::string js = "{\n  \"tool\": \"dsa bench\",\n  \"version\": \"" + std::string(dsa::version()) +
+                     "\",\n  \"backend\": \"" + (o.cpu ? "cpu" : "cuda") + "\",\n  \"device\": \"" + json_escape(device) + "\",\n  \"date\": \"" + date +
+                     "\",\n  \"ceilings\": {\"bf16_tflops\": " + std::to_string(o.bf16_tflops) +
+                     ", \"fp8_tflops\": " + std::to_string(o.fp8_tflops) + ", \"copy_tbs\": " + std::to_string(o.copy_tbs) +
+                     "},\n  \"results\": [\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      char buf[512];
+      if (r.ok) {
+        std::snprintf(buf, sizeof(buf),
+                      "\"ok\": true, \"ms\": %.6f, \"ms_min\": %.6f, \"flops\": %.6g, \"bytes\": %.6g, \"tflops\": %.3f, "
+                      "\"gbs\": %.1f, \"floor_ms\": %.6f, \"floor_ratio\": %.3f, \"bound\": \"%s\"",
+                      r.ms, r.ms_min, r.work.flops, r.work.bytes, r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6),
+                      r.floor_ms, r.ms / r.floor_ms, r.bound);
+      } else {
+        std::snprintf(buf, sizeof(buf), "\"ok\": false, \"floor_ms\": %.6f", r.floor_ms);
+      }
+      js += "    {\"op\": \"" + r.op + "\", \"shape\": \"" + r.shape + "\", \"kernel\": \"" + json_escape(r.kernel) + "\", " + buf;
+      if (r.ok) js += r.json_extra;
+      if (!r.ok) js += ", \"error\": \"" + json_escape(r.error) + "\"";
+      js += i + 1 < results.size() ? "},\n" : "}\n";
+    }
+    js += "  ]\n}\n";
+    if (o.json_path.empty()) {
+      std::fputs(js.c_str(), stdout);
+    } else {
+      FILE* f = std::fopen(o.json_path.c_str(), "w");
+      if (!f) {
+        std::fprintf(stderr, "dsa bench: --json: cannot write '%s'\n", o.json_path.c_str());
+        return 2;
+      }
+      std::fputs(js.c_str(), f);
+      std::fclose(f);
+    }
+  }
+  return all_ok ? 0 : 1;
+}
+
+
+// --backend cpu: the layer benchmarks on the CPU backend.
+int run_cpu(const Options& o) {
+  for (const auto& name : o.ops)
+    if (name != "layer_prefill" && name != "layer_decode") {
+      std::fprintf(stderr, "dsa bench: --backend cpu: only layer_prefill and layer_decode run on the CPU, got '%s'\n",
+                   name.c_str());
+      return 2;
+    }
+  Options oc = o;
+  if (oc.ops.empty()) oc.ops = {"layer_prefill", "layer_decode"};
+  std::vector<Case> cases;
+  add_layer_cases(oc, &cases);
+  const auto devs = dsa::list_devices();
+  return run_cases(oc, devs.empty() ? "CPU" : devs[0].name, dsa::num_threads(), cases, nullptr);
+}
+
 }  // namespace
 
 #if !defined(DSA_WITH_CUDA)
@@ -149,175 +313,15 @@ bool ops_known(const Options& o) {
 int cmd_bench(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, &o) || !ops_known(o)) return 2;
-  std::fprintf(stderr, "dsa bench: this build has no CUDA backend (configure with -DDSA_CUDA=ON)\n");
-  return 2;
+  if (o.cpu) return run_cpu(o);
+  std::fprintf(stderr, "dsa bench: this build has no CUDA backend (configure with -DDSA_CUDA=ON; --backend cpu runs the layer benchmarks)\n");
+  return kNoDevice;
 }
 
 #else
 
 namespace {
 
-// ---- device memory and random inputs ---------------------------------------------------------
-class Buf {
- public:
-  Buf() = default;
-  explicit Buf(size_t bytes) : bytes_(bytes) {
-    if (bytes && cudaMalloc(&p_, bytes) != cudaSuccess) {
-      cudaGetLastError();
-      p_ = nullptr;
-    }
-  }
-  Buf(Buf&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
-  Buf& operator=(Buf&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  Buf(const Buf&) = delete;
-  ~Buf() {
-    if (p_) cudaFree(p_);
-  }
-  void* get() const { return p_; }
-  template <typename T> T* as() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return bytes_; }
-  bool ok() const { return bytes_ == 0 || p_ != nullptr; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 7) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float normal() {
-    const uint64_t z = next();
-    float acc = 0.f;
-    for (int i = 0; i < 4; ++i) acc += static_cast<float>((z >> (16 * i)) & 0xffff) * (1.f / 65536.f);
-    return (acc - 2.f) * 1.7320508f;
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
-};
-
-// A device pool of random values of one kind; big buffers are filled by copying 1 MiB pieces
-// from random offsets of it (generating gigabytes on the host would dominate the run).
-class Pool {
- public:
-  Pool(const std::vector<uint8_t>& host, size_t unit) : unit_(unit), dev_(host.size()) {
-    ok_ = dev_.ok() && cudaMemcpy(dev_.get(), host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess;
-  }
-  bool fill(void* dst, size_t bytes, Rng& rng) const {
-    if (!ok_) return false;
-    const size_t piece_max = std::min<size_t>(1 << 20, dev_.bytes() / 2) / unit_ * unit_;
-    uint8_t* d = static_cast<uint8_t*>(dst);
-    for (size_t off = 0; off < bytes; off += piece_max) {
-      const size_t n = std::min(piece_max, bytes - off);
-      const size_t units = (dev_.bytes() - n) / unit_;
-      const size_t src = (units ? rng.next() % units : 0) * unit_;
-      if (cudaMemcpyAsync(d + off, dev_.as<uint8_t>() + src, n, cudaMemcpyDeviceToDevice) != cudaSuccess) return false;
-    }
-    return true;
-  }
-
- private:
-  size_t unit_;
-  Buf dev_;
-  bool ok_ = false;
-};
-
-struct Pools {
-  Pool f32, bf16, e4m3, pow2, mla_fp8;
-  static std::vector<uint8_t> make(size_t n, size_t unit, const std::function<void(uint8_t*, Rng&)>& gen, uint64_t seed) {
-    std::vector<uint8_t> v(n * unit);
-    Rng rng(seed);
-    for (size_t i = 0; i < n; ++i) gen(v.data() + i * unit, rng);
-    return v;
-  }
-  Pools()
-      : f32(make(8u << 20, 4, [](uint8_t* p, Rng& r) { const float x = r.normal(); std::memcpy(p, &x, 4); }, 1), 4),
-        bf16(make(8u << 20, 2, [](uint8_t* p, Rng& r) { const uint16_t b = dsa::float_to_bf16(r.normal()); std::memcpy(p, &b, 2); }, 2), 2),
-        e4m3(make(16u << 20, 1, [](uint8_t* p, Rng& r) { *p = dsa::quantize_e4m3(r.normal() * 64.f, 1.f); }, 3), 1),
-        pow2(make(1u << 18, 4, [](uint8_t* p, Rng& r) { const float x = std::ldexp(1.f, -4 - static_cast<int>(r.next() % 6)); std::memcpy(p, &x, 4); }, 4), 4),
-        mla_fp8(make(1u << 15, dsa::kMlaFp8TokenBytes, [](uint8_t* p, Rng& r) {
-          for (int i = 0; i < 512; ++i) p[i] = dsa::quantize_e4m3(r.normal() * 64.f, 1.f);
-          for (int t = 0; t < 4; ++t) { const float s = 1.f / 64.f; std::memcpy(p + 512 + 4 * t, &s, 4); }
-          for (int i = 0; i < 64; ++i) { const uint16_t b = dsa::float_to_bf16(r.normal()); std::memcpy(p + 528 + 2 * i, &b, 2); }
-        }, 5), dsa::kMlaFp8TokenBytes) {}
-};
-
-// ---- measurement --------------------------------------------------------------------------------
-struct Work {
-  double flops = 0;
-  double bytes = 0;
-  bool fp8 = false;  // which tensor-core ceiling bounds the FLOPs
-};
-
-struct Result {
-  std::string op, shape;
-  bool ok = false;
-  std::string error;
-  double ms = 0, ms_min = 0;
-  Work work;
-  double floor_ms = 0;
-  const char* bound = "";
-};
-
-// Runs op(set) warmup + iters times, rotating sets; fills ms with the median of the timed runs.
-bool time_op(const Options& o, int sets, const std::function<dsa::Status(int)>& op, Result* r) {
-  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(o.iters));
-  for (auto& e : ev) cudaEventCreate(&e);
-  bool ok = true;
-  for (int i = 0; i < o.warmup && ok; ++i) {
-    const dsa::Status st = op(i % sets);
-    if (!st.ok()) { r->error = st.to_string(); ok = false; }
-  }
-  for (int i = 0; i < o.iters && ok; ++i) {
-    cudaEventRecord(ev[2 * i]);
-    const dsa::Status st = op((o.warmup + i) % sets);
-    cudaEventRecord(ev[2 * i + 1]);
-    if (!st.ok()) { r->error = st.to_string(); ok = false; }
-  }
-  const cudaError_t e = cudaDeviceSynchronize();
-  if (ok && e != cudaSuccess) { r->error = std::string("device error: ") + cudaGetErrorString(e); ok = false; }
-  if (ok) {
-    std::vector<double> ms(static_cast<size_t>(o.iters));
-    for (int i = 0; i < o.iters; ++i) {
-      float t = 0;
-      cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]);
-      ms[static_cast<size_t>(i)] = t;
-    }
-    std::sort(ms.begin(), ms.end());
-    r->ms = ms[ms.size() / 2];
-    r->ms_min = ms.front();
-  }
-  for (auto& e2 : ev) cudaEventDestroy(e2);
-  r->ok = ok;
-  return ok;
-}
-
-void set_floor(const Options& o, Result* r) {
-  const double peak = (r->work.fp8 ? o.fp8_tflops : o.bf16_tflops) * 1e12;
-  const double t_flops = r->work.flops / peak * 1e3;
-  const double t_bytes = r->work.bytes / (o.copy_tbs * 1e12) * 1e3;
-  r->floor_ms = std::max(t_flops, t_bytes);
-  r->bound = t_flops >= t_bytes ? (r->work.fp8 ? "fp8" : "bf16") : "memory";
-}
-
-int rotation_sets(const Options& o, double bytes_per_set) {
-  // Enough sets that one pass over them exceeds the 50 MB L2 twice; at least 2.
-  int n = bytes_per_set > 0 ? static_cast<int>(100e6 / bytes_per_set) + 1 : 2;
-  return std::max(2, std::min(n, o.quick ? 2 : 4));
-}
-
-dsa::Device dev0(const Options& o) { return dsa::cuda_device(o.device); }
-
-std::string fail_alloc() { return "device allocation or fill failed"; }
 
 // ---- the ops ------------------------------------------------------------------------------------
 constexpr int64_t kD = 576, kDV = 512;
@@ -367,6 +371,67 @@ Result bench_indexer_logits(const Options& o, const Pools& pools, int64_t M, int
     p.ke = dsa::make_tensor(dke.get(), dsa::DType::kI32, {M}, d);
     p.logits = dsa::make_tensor(logits.get(), dsa::DType::kF32, {M, N}, d);
     return dsa::indexer_logits(p);
+  }, &r);
+  return r;
+}
+
+// Paged decode logits against the indexer cache: B sequences of ctx cached keys, next_n rows
+// each (row i of a sequence sees ctx - next_n + i + 1 keys); pages shuffled.
+Result bench_indexer_paged(const Options& o, const Pools& pools, int64_t B, int64_t nn, int64_t H, int64_t ctx) {
+  Result r;
+  r.op = "indexer_logits_paged";
+  r.shape = "B=" + std::to_string(B) + " next_n=" + std::to_string(nn) + " H=" + std::to_string(H) +
+            " ctx=" + std::to_string(ctx);
+  const int64_t R = B * nn, per_seq = (ctx + 63) / 64, blocks = B * per_seq;
+  double pairs = 0;
+  for (int64_t i = 0; i < nn; ++i) pairs += static_cast<double>(ctx - nn + i + 1);
+  pairs *= static_cast<double>(B);
+  r.work.flops = pairs * H * 128 * 2;
+  r.work.bytes = static_cast<double>(B) * ctx * dsa::kIndexerTokenBytes + static_cast<double>(R) * ctx * 4 +
+                 static_cast<double>(R) * H * (128 + 4);
+  r.work.fp8 = true;
+  const dsa::Device d = dev0(o);
+  Rng rng(15);
+  Buf cache(static_cast<size_t>(blocks * 64 * dsa::kIndexerTokenBytes));
+  bool ok = cache.ok() && pools.e4m3.fill(cache.get(), cache.bytes(), rng);
+  // Each page is [64 x 128 e4m3][64 x f32 scale]: the scales get powers of two.
+  const size_t page_bytes = 64 * dsa::kIndexerTokenBytes, scale_bytes = 64 * 4;
+  const size_t rows_per_copy = pools.pow2.bytes() / scale_bytes;
+  for (int64_t b0 = 0; ok && b0 < blocks; b0 += static_cast<int64_t>(rows_per_copy)) {
+    const size_t nb = std::min<size_t>(rows_per_copy, static_cast<size_t>(blocks - b0));
+    ok = cudaMemcpy2DAsync(cache.as<uint8_t>() + static_cast<size_t>(b0) * page_bytes + 64 * 128, page_bytes,
+                           pools.pow2.data(), scale_bytes, scale_bytes, nb, cudaMemcpyDeviceToDevice) == cudaSuccess;
+  }
+  std::vector<int32_t> bt(static_cast<size_t>(blocks)), lens(static_cast<size_t>(B), static_cast<int32_t>(ctx));
+  for (int64_t i = 0; i < blocks; ++i) bt[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  for (int64_t i = blocks - 1; i > 0; --i) std::swap(bt[static_cast<size_t>(i)], bt[rng.next() % static_cast<uint64_t>(i + 1)]);
+  Buf dbt(bt.size() * 4), dlens(lens.size() * 4), logits(static_cast<size_t>(R * ctx * 4));
+  ok = ok && dbt.ok() && dlens.ok() && logits.ok() &&
+       cudaMemcpy(dbt.get(), bt.data(), bt.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dlens.get(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+  std::vector<Buf> q, w;
+  for (int s = 0; s < 2 && ok; ++s) {
+    q.emplace_back(static_cast<size_t>(R * H * 128));
+    w.emplace_back(static_cast<size_t>(R * H * 4));
+    ok = q.back().ok() && w.back().ok() && pools.e4m3.fill(q.back().get(), q.back().bytes(), rng) &&
+         pools.f32.fill(w.back().get(), w.back().bytes(), rng);
+  }
+  if (!ok || cudaDeviceSynchronize() != cudaSuccess) { r.error = fail_alloc(); return r; }
+  dsa::IndexerCacheDesc cd;
+  cd.data = cache.get();
+  cd.num_blocks = blocks;
+  cd.page_size = 64;
+  cd.device = d;
+  time_op(o, 2, [&](int s) {
+    dsa::IndexerLogitsPagedParams p;
+    p.q = dsa::make_tensor(q[s].get(), dsa::DType::kE4M3, {R, H, 128}, d);
+    p.weights = dsa::make_tensor(w[s].get(), dsa::DType::kF32, {R, H}, d);
+    p.cache = cd;
+    p.block_table = dsa::make_tensor(dbt.get(), dsa::DType::kI32, {B, per_seq}, d);
+    p.kv_lens = dsa::make_tensor(dlens.get(), dsa::DType::kI32, {B}, d);
+    p.next_n = nn;
+    p.logits = dsa::make_tensor(logits.get(), dsa::DType::kF32, {R, ctx}, d);
+    return dsa::indexer_logits_paged(p);
   }, &r);
   return r;
 }
@@ -601,30 +666,17 @@ Result bench_mha_prefill(const Options& o, const Pools& pools, int64_t B, int64_
   return r;
 }
 
-bool selected(const Options& o, const char* op) {
-  return o.ops.empty() || std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end();
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) { o += ' '; continue; }
-    o += c;
-  }
-  return o;
-}
-
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, &o) || !ops_known(o)) return 2;
+  if (o.cpu) return run_cpu(o);
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     cudaGetLastError();
     std::fprintf(stderr, "dsa bench: no CUDA device found (the benchmarks need a GPU)\n");
-    return 2;
+    return kNoDevice;
   }
   if (o.device >= n || cudaSetDevice(o.device) != cudaSuccess) {
     std::fprintf(stderr, "dsa bench: --device %d: expected a device index below %d\n", o.device, n);
@@ -633,116 +685,82 @@ int cmd_bench(int argc, char** argv) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, o.device);
 
-  std::vector<std::function<Result(const Pools&)>> cases;
+  std::vector<Case> cases;
   if (selected(o, "indexer_logits")) {
     const std::vector<int64_t> Ns = o.quick ? std::vector<int64_t>{32768} : std::vector<int64_t>{32768, 65536, 131072};
     const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{64} : std::vector<int64_t>{32, 64};
     for (int64_t N : Ns)
-      for (int64_t H : Hs) cases.push_back([&o, N, H](const Pools& p) { return bench_indexer_logits(o, p, 4096, N, H); });
+      for (int64_t H : Hs) cases.push_back([&o, N, H](const Pools* pp) { const Pools& p = *pp; return bench_indexer_logits(o, p, 4096, N, H); });
+  }
+  if (selected(o, "indexer_logits_paged")) {
+    // The anchors' order: H, then ctx, then next_n.
+    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{32} : std::vector<int64_t>{32, 64};
+    const std::vector<int64_t> ctxs = o.quick ? std::vector<int64_t>{32768} : std::vector<int64_t>{32768, 131072};
+    const std::vector<int64_t> nns = o.quick ? std::vector<int64_t>{2} : std::vector<int64_t>{1, 2, 4};
+    for (int64_t H : Hs)
+      for (int64_t ctx : ctxs)
+        for (int64_t nn : nns)
+          cases.push_back([&o, H, ctx, nn](const Pools* pp) { const Pools& p = *pp; return bench_indexer_paged(o, p, 64, nn, H, ctx); });
   }
   if (selected(o, "topk")) {
-    cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 64, 65536, 2048); });
-    if (!o.quick) cases.push_back([&o](const Pools& p) { return bench_topk(o, p, 4096, 131072, 2048); });
+    cases.push_back([&o](const Pools* pp) { const Pools& p = *pp; return bench_topk(o, p, 64, 65536, 2048); });
+    if (!o.quick) {
+      cases.push_back([&o](const Pools* pp) { const Pools& p = *pp; return bench_topk(o, p, 4096, 131072, 2048); });
+      cases.push_back([&o](const Pools* pp) { const Pools& p = *pp; return bench_topk(o, p, 64, 1048576, 2048); });
+    }
   }
   if (selected(o, "sparse_mla_prefill")) {
-    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{64, 128};
+    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{16, 128} : std::vector<int64_t>{16, 32, 64, 128};
     for (int64_t H : Hs)
-      cases.push_back([&o, H](const Pools& p) {
+      cases.push_back([&o, H](const Pools* pp) { const Pools& p = *pp;
         return bench_sparse(o, p, "sparse_mla_prefill", "T=4096 H=" + std::to_string(H) + " K=2048 ctx=32768 kv=bf16", 1,
                             32768, 4096, H, 2048, false);
       });
   }
   if (selected(o, "sparse_mla_decode")) {
-    const std::vector<int64_t> Hs = o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{64, 128};
-    for (int64_t H : Hs)
-      cases.push_back([&o, H](const Pools& p) {
-        return bench_sparse(o, p, "sparse_mla_decode", "B=128 next_n=2 H=" + std::to_string(H) + " K=2048 ctx=8192 kv=fp8",
-                            128, 8192, 2, H, 2048, true);
-      });
+    for (const bool fp8 : {true, false}) {
+      // quick: FP8 at 128 heads, BF16 at 16 (a tensor-parallel rank's share).
+      const std::vector<int64_t> Hs = !o.quick ? std::vector<int64_t>{16, 32, 64, 128}
+                                               : std::vector<int64_t>{fp8 ? int64_t{128} : int64_t{16}};
+      for (int64_t H : Hs)
+        cases.push_back([&o, H, fp8](const Pools* pp) { const Pools& p = *pp;
+          return bench_sparse(o, p, "sparse_mla_decode",
+                              "B=128 next_n=2 H=" + std::to_string(H) + " K=2048 ctx=8192 kv=" + (fp8 ? "fp8" : "bf16"), 128,
+                              8192, 2, H, 2048, fp8);
+        });
+    }
   }
   if (selected(o, "dense_mla_decode")) {
-    cases.push_back([&o](const Pools& p) {
+    cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
       return bench_dense(o, p, "dense_mla_decode", "B=128 next_n=1 ctx=2048 H=128 kv=bf16", 128, 1, 2048, 128, false);
     });
-    if (!o.quick)
-      cases.push_back([&o](const Pools& p) {
+    cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
+      return bench_dense(o, p, "dense_mla_decode", "B=64 next_n=1 ctx=8192 H=128 kv=bf16", 64, 1, 8192, 128, false);
+    });
+    if (!o.quick) {
+      cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
         return bench_dense(o, p, "dense_mla_decode", "B=1 next_n=1 ctx=131072 H=128 kv=bf16", 1, 1, 131072, 128, false);
       });
+      cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
+        return bench_dense(o, p, "dense_mla_decode", "B=128 next_n=1 ctx=2048 H=128 kv=fp8", 128, 1, 2048, 128, true);
+      });
+      cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
+        return bench_dense(o, p, "dense_mla_decode", "B=64 next_n=1 ctx=8192 H=128 kv=fp8", 64, 1, 8192, 128, true);
+      });
+    }
   }
   if (selected(o, "dense_mla_prefill")) {
-    cases.push_back([&o](const Pools& p) {
+    cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
       return bench_dense(o, p, "dense_mla_prefill", "B=4 len=2048 H=128 kv=bf16", 4, 2048, 2048, 128, false);
     });
     for (const bool attn : {true, false}) {  // MHA form: attention part, then decompression + attention
-      cases.push_back([&o, attn](const Pools& p) { return bench_mha_prefill(o, p, 4, 2048, 128, 128, 128, attn); });
-      cases.push_back([&o, attn](const Pools& p) { return bench_mha_prefill(o, p, 4, 2048, 64, 192, 256, attn); });
+      cases.push_back([&o, attn](const Pools* p) { return bench_mha_prefill(o, *p, 4, 2048, 128, 128, 128, attn); });
+      cases.push_back([&o, attn](const Pools* p) { return bench_mha_prefill(o, *p, 4, 2048, 64, 192, 256, attn); });
     }
   }
-
+  add_layer_cases(o, &cases);
   const Pools pools;
-  std::vector<Result> results;
-  bool all_ok = true;
-  if (!o.json) {
-    std::printf("dsa bench on %s (%d SMs); ceilings bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s, memory %.2f TB/s\n",
-                prop.name, prop.multiProcessorCount, o.bf16_tflops, o.fp8_tflops, o.copy_tbs);
-    std::printf("%-20s %-46s %10s %9s %9s %10s %8s %7s\n", "op", "shape", "ms", "TFLOP/s", "GB/s", "floor ms",
-                "x floor", "bound");
-  }
-  for (const auto& c : cases) {
-    Result r = c(pools);
-    set_floor(o, &r);
-    all_ok = all_ok && r.ok;
-    if (!o.json) {
-      if (r.ok) {
-        std::printf("%-20s %-46s %10.4f %9.1f %9.0f %10.4f %8.2f %7s\n", r.op.c_str(), r.shape.c_str(), r.ms,
-                    r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6), r.floor_ms, r.ms / r.floor_ms, r.bound);
-      } else {
-        std::printf("%-20s %-46s FAILED: %s\n", r.op.c_str(), r.shape.c_str(), r.error.c_str());
-      }
-      std::fflush(stdout);
-    }
-    results.push_back(r);
-  }
-
-  if (o.json) {
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::string js = "{\n  \"tool\": \"dsa bench\",\n  \"version\": \"" + std::string(dsa::version()) +
-                     "\",\n  \"device\": \"" + json_escape(prop.name) + "\",\n  \"date\": \"" + date +
-                     "\",\n  \"ceilings\": {\"bf16_tflops\": " + std::to_string(o.bf16_tflops) +
-                     ", \"fp8_tflops\": " + std::to_string(o.fp8_tflops) + ", \"copy_tbs\": " + std::to_string(o.copy_tbs) +
-                     "},\n  \"results\": [\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      char buf[512];
-      if (r.ok) {
-        std::snprintf(buf, sizeof(buf),
-                      "\"ok\": true, \"ms\": %.6f, \"ms_min\": %.6f, \"flops\": %.6g, \"bytes\": %.6g, \"tflops\": %.3f, "
-                      "\"gbs\": %.1f, \"floor_ms\": %.6f, \"floor_ratio\": %.3f, \"bound\": \"%s\"",
-                      r.ms, r.ms_min, r.work.flops, r.work.bytes, r.work.flops / (r.ms * 1e9), r.work.bytes / (r.ms * 1e6),
-                      r.floor_ms, r.ms / r.floor_ms, r.bound);
-      } else {
-        std::snprintf(buf, sizeof(buf), "\"ok\": false, \"floor_ms\": %.6f", r.floor_ms);
-      }
-      js += "    {\"op\": \"" + r.op + "\", \"shape\": \"" + r.shape + "\", " + buf;
-      if (!r.ok) js += ", \"error\": \"" + json_escape(r.error) + "\"";
-      js += i + 1 < results.size() ? "},\n" : "}\n";
-    }
-    js += "  ]\n}\n";
-    if (o.json_path.empty()) {
-      std::fputs(js.c_str(), stdout);
-    } else {
-      FILE* f = std::fopen(o.json_path.c_str(), "w");
-      if (!f) {
-        std::fprintf(stderr, "dsa bench: --json: cannot write '%s'\n", o.json_path.c_str());
-        return 2;
-      }
-      std::fputs(js.c_str(), f);
-      std::fclose(f);
-    }
-  }
-  return all_ok ? 0 : 1;
+  return run_cases(o, prop.name, prop.multiProcessorCount, cases, &pools);
 }
 
 #endif  // DSA_WITH_CUDA

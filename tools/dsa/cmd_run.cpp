@@ -71,7 +71,10 @@ void run_usage(FILE* f) {
       "                       idempotent: same tokens into the same slots)\n"
       "  --json               one JSON object on stdout (progress stays on stderr)\n"
       "  --quiet              no progress lines\n"
-      "  --help               this text\n");
+      "  --help               this text\n"
+      "On CUDA the step runs with StepParams::time_stages: the report gives host enqueue ms and GPU\n"
+      "ms per stage (CUDA events between stages; \"gpu stage times: not measured\" when the step\n"
+      "does not record them).\n");
 }
 
 bool parse_int(const char* s, long lo, long hi, long* out) {
@@ -196,6 +199,12 @@ std::vector<StageTime> stage_times(const dsa::StepReport& r) {
   return {{"cache", r.ms_cache},   {"prepare", r.ms_prepare}, {"score", r.ms_score}, {"select", r.ms_select},
           {"map", r.ms_map},       {"sparse", r.ms_sparse},   {"dense", r.ms_dense}, {"total", r.ms_total}};
 }
+// GPU time per stage (StepParams::time_stages; meaningful when r.gpu_timed).
+std::vector<StageTime> gpu_stage_times(const dsa::StepReport& r) {
+  return {{"cache", r.gpu_ms_cache}, {"prepare", r.gpu_ms_prepare}, {"score", r.gpu_ms_score},
+          {"select", r.gpu_ms_select}, {"map", r.gpu_ms_map}, {"sparse", r.gpu_ms_sparse},
+          {"dense", r.gpu_ms_dense}, {"total", r.gpu_ms_total}};
+}
 
 int setup_error(bool json, const std::string& backend, const std::string& preset, const std::string& msg) {
   if (json)
@@ -292,7 +301,7 @@ int cmd_run(int argc, char** argv) {
                    o.repeat > 1 ? (" " + std::to_string(rep + 1) + "/" + std::to_string(o.repeat)).c_str() : "");
     dsa::StepReport r;
     double ms = 0;
-    step_error = dsa_cli::run_step(spec, bufs, attn, &r, &ms);
+    step_error = dsa_cli::run_step(spec, bufs, attn, &r, &ms, device.type == dsa::DeviceType::kCUDA);
     if (rep == 0 || ms < wall_ms) {
       report = r;
       wall_ms = ms;
@@ -314,6 +323,7 @@ int cmd_run(int argc, char** argv) {
   bool passed = step_error.empty();
   for (auto& c : checks) passed &= c.passed;
   const auto times = stage_times(report);
+  const auto gpu_times = gpu_stage_times(report);
   const int kRoutes = 3;
   const dsa::Route routes[kRoutes] = {dsa::Route::kDense, dsa::Route::kSparseScored, dsa::Route::kSparseShared};
 
@@ -351,7 +361,16 @@ int cmd_run(int argc, char** argv) {
     j += ", \"times_ms\": {\"setup\": " + ms_str(setup_ms) + ", \"step_wall\": " + ms_str(wall_ms) +
          ", \"check\": " + ms_str(check_ms);
     for (const auto& t : times) j += ", \"" + std::string(t.name) + "\": " + ms_str(t.ms);
-    j += "}, \"checks\": [";
+    j += "}, \"gpu_timed\": " + std::string(report.gpu_timed ? "true" : "false") + ", \"gpu_times_ms\": ";
+    if (report.gpu_timed) {
+      j += "{";
+      for (size_t i = 0; i < gpu_times.size(); ++i)
+        j += std::string(i ? ", " : "") + "\"" + gpu_times[i].name + "\": " + ms_str(gpu_times[i].ms);
+      j += "}";
+    } else {
+      j += "null";
+    }
+    j += ", \"checks\": [";
     for (size_t i = 0; i < checks.size(); ++i) {
       const auto& c = checks[i];
       char worst[32];
@@ -381,6 +400,13 @@ int cmd_run(int argc, char** argv) {
   std::printf("times (ms%s):", backend == "cuda" ? ", host time to enqueue" : "");
   for (const auto& t : times) std::printf(" %s %.2f", t.name, t.ms);
   std::printf("; step wall %.2f (synchronised)\n", wall_ms);
+  if (report.gpu_timed) {
+    std::printf("gpu times (ms, CUDA events between stages):");
+    for (const auto& t : gpu_times) std::printf(" %s %.3f", t.name, t.ms);
+    std::printf("\n");
+  } else if (backend == "cuda") {
+    std::printf("gpu stage times: not measured\n");
+  }
 
   if (!checks.empty()) std::printf("\n%-22s %6s  %-6s %s\n", "check", "rows", "result", "max err/tol");
   for (const auto& c : checks) {

@@ -288,7 +288,7 @@ std::string setup_run(const BatchSpec& s, const dsa::Plan& plan, RunBuffers* b, 
 }
 
 std::string run_step(const BatchSpec& s, RunBuffers& b, dsa::Attention& attn, dsa::StepReport* report,
-                     double* wall_ms) {
+                     double* wall_ms, bool time_stages) {
   const int64_t T = s.num_tokens, B = num_seqs(s), H = s.geo.num_heads, Hi = s.geo.index_heads;
   dsa::StepParams p;
   p.role = dsa::IndexerRole::kFull;
@@ -310,6 +310,7 @@ std::string run_step(const BatchSpec& s, RunBuffers& b, dsa::Attention& attn, ds
   p.lse = view(*b.lse, dsa::DType::kF32, {T, H});
   p.workspace = b.workspace->dev();
   p.workspace_bytes = b.workspace->bytes();
+  p.time_stages = time_stages;
   const auto t0 = Clock::now();
   dsa::Status st = attn.step(p, report);
   std::string err;

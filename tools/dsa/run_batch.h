@@ -102,9 +102,10 @@ struct RunBuffers {
 std::string setup_run(const BatchSpec& spec, const dsa::Plan& plan, RunBuffers* b, bool progress);
 
 // One full-layer step over the whole batch, waited for. wall_ms: host time including the
-// device synchronisation. Returns "" or the error.
+// device synchronisation. time_stages: StepParams::time_stages (GPU ms per stage in the report
+// on CUDA). Returns "" or the error.
 std::string run_step(const BatchSpec& spec, RunBuffers& b, dsa::Attention& attn, dsa::StepReport* report,
-                     double* wall_ms);
+                     double* wall_ms, bool time_stages = false);
 
 // prepare_indexer_q on every row into q8 / w_folded / q_scale: the prepared queries the
 // selection check scores with (rows are independent, so these are the step's own bits).

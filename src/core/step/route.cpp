@@ -1,0 +1,86 @@
+// Stage: route. Once per batch, the host row tables (row_tables): for token i of sequence b,
+// its sequence, cache position and visible key count; the cu_seqlens of every dense run; the
+// last key tile of every row (for rows scored in tiles). Once per layer, a Route per sequence
+// (route): dense when the whole context fits top-k (kv_len <= topk: the selection would be
+// every key, so nothing is scored; the layer's indices, when asked for, are the identity),
+// unless a full layer is told to score everything; else scored (full, mtp) or shared. An MTP
+// layer routes like a full one: where kv_len <= topk its indices are the identity 0..L-1 (what
+// scoring would select), written without scoring, and its attention is dense.
+#include <algorithm>
+
+#include "core/step/step.h"
+
+namespace dsa {
+namespace core {
+namespace step {
+
+namespace {
+// Sequence b's route apart from the role's sparse kind: the same for every layer of a batch
+// except a full layer with force_score, which has no dense run at all.
+bool dense_by_length(const Step& s, int64_t b) { return s.kv_lens_h[b] <= s.K; }
+}  // namespace
+
+void row_tables(Step& s) {
+  const StepParams& p = s.p;
+  const int64_t B = s.shape.B;
+  int64_t t = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t ql = static_cast<int32_t>(batch_q_len(p, b));
+    const int32_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
+    s.state.q_lens[static_cast<size_t>(b)] = ql;
+    s.kv_lens_h[b] = kl;
+    for (int32_t i = 0; i < ql; ++i, ++t) {
+      s.row_seq_h[t] = static_cast<int32_t>(b);
+      s.token_pos_h[t] = kl - ql + i;
+      s.row_len_h[t] = kl - ql + i + 1;
+    }
+  }
+  // cu_seqlens of each run of dense sequences, a region per run (dense_attend reads them in
+  // the same order).
+  int64_t at = 0;
+  for (int64_t b = 0; b < B;) {
+    if (!dense_by_length(s, b)) {
+      ++b;
+      continue;
+    }
+    int64_t e = b;
+    int64_t rows = 0;
+    while (e < B && dense_by_length(s, e)) rows += s.q_len(e++);
+    if (rows > 0) {
+      int32_t* cu = s.dense_cu_h + at;
+      cu[0] = 0;
+      for (int64_t j = b; j < e; ++j) cu[j - b + 1] = cu[j - b] + s.q_len(j);
+      at += e - b + 1;
+    }
+    b = e;
+  }
+  s.dense_cu_words = at;
+  // The last tile of each row, should it be scored in tiles: its length and merge length.
+  const int64_t Wt = s.plan.tile_width;
+  if (Wt > 0) {
+    for (int64_t r = 0; r < s.shape.T; ++r) {
+      const int64_t len = s.row_len_h[r];
+      const int64_t ntiles = std::max<int64_t>(1, (len + Wt - 1) / Wt);
+      const int64_t last_len = len - (ntiles - 1) * Wt;
+      s.tile_last_h[2 * r] = static_cast<int32_t>(last_len);
+      s.tile_last_h[2 * r + 1] = static_cast<int32_t>(s.K + std::min<int64_t>(last_len, s.K));
+    }
+  }
+}
+
+void route(Step& s) {
+  const StepParams& p = s.p;
+  const bool all_scored = p.role == IndexerRole::kFull && p.force_score;
+  for (int64_t b = 0; b < s.shape.B; ++b) {
+    Route r;
+    if (!all_scored && dense_by_length(s, b)) r = Route::kDense;  // top-k = everything
+    else r = s.shape.scores ? Route::kSparseScored : Route::kSparseShared;
+    s.state.route[b] = r;
+    s.rep.seqs[static_cast<int>(r)] += 1;
+    s.rep.rows[static_cast<int>(r)] += s.q_len(b);
+  }
+}
+
+}  // namespace step
+}  // namespace core
+}  // namespace dsa

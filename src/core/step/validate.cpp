@@ -1,0 +1,261 @@
+// Stage: validate. The batch (q_lens, kv_lens, B, T) and every tensor the step hands the ops,
+// against the plan, before anything is written.
+#include <algorithm>
+
+#include "core/step/step.h"
+#include "core/validate.h"
+
+namespace dsa {
+namespace core {
+namespace step {
+namespace {
+
+bool host_i32_vector(const TensorDesc& t) {
+  return t.present() && t.dtype == DType::kI32 && t.ndim == 1 && t.device.type == DeviceType::kCPU &&
+         (t.shape[0] == 0 || t.data != nullptr);
+}
+
+// Contents of the step's inputs that the host can read, so that a step refused for them has
+// written nothing (an atomic step): every page a sequence's kv_len covers exists in the block
+// table's row and names a page of both caches; RoPE positions index rows of cos_sin; a shared
+// layer's indices_in are -1 or a key the row sees. Device-resident contents (CUDA block
+// tables, positions, indices_in) are the engine's to keep valid (docs/engine-integration.md).
+Status check_contents(const Plan& plan, const StepParams& p, int64_t B, bool scores) {
+  const int64_t page = plan.config.page_size;
+  const int64_t max_blocks = p.block_table.shape[1];
+  int64_t num_blocks = p.mla_cache.num_blocks;
+  if (scores) num_blocks = std::min<int64_t>(num_blocks, p.index_cache.num_blocks);
+  const bool host_bt = p.block_table.device.type == DeviceType::kCPU;
+  const int32_t* bt = p.block_table.ptr<const int32_t>();
+  int64_t max_kv = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
+    max_kv = std::max(max_kv, kl);
+    const int64_t pages = (kl + page - 1) / page;
+    if (pages > max_blocks)
+      return invalid("block_table: expected at least " + num(pages) + " pages in row " + num(b) + " for kv_lens[" + num(b) +
+                     "] = " + num(kl) + " (page_size " + num(page) + "), got max_blocks = " + num(max_blocks));
+  }
+  for (int64_t b = 0; b < B && host_bt; ++b) {
+    const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
+    const int64_t pages = (kl + page - 1) / page;
+    for (int64_t j = 0; j < pages; ++j) {
+      const int64_t v = bt[b * p.block_table.stride[0] + j * p.block_table.stride[1]];
+      if (v < 0 || v >= num_blocks)
+        return invalid("block_table[" + num(b) + ", " + num(j) + "]: expected a page in [0, num_blocks = " + num(num_blocks) +
+                       ") (kv_lens[" + num(b) + "] = " + num(kl) + " covers it), got " + num(v));
+    }
+  }
+  if (scores) {
+    const int64_t rows = p.cos_sin.shape[0];
+    if (!p.positions.present()) {
+      if (max_kv > rows)
+        return invalid("cos_sin: expected at least " + num(max_kv) + " rows (the batch's cache positions), got " + num(rows));
+    } else if (p.positions.device.type == DeviceType::kCPU) {
+      for (int64_t t = 0; t < p.positions.shape[0]; ++t) {
+        const int64_t v = p.positions.ptr<const int32_t>()[t * p.positions.stride[0]];
+        if (v < 0 || v >= rows)
+          return invalid("positions[" + num(t) + "]: expected 0 <= position < cos_sin rows = " + num(rows) + ", got " + num(v));
+      }
+    }
+  }
+  if (p.role == IndexerRole::kShared && p.indices_in.device.type == DeviceType::kCPU) {
+    const TensorDesc& in = p.indices_in;
+    int64_t t = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t ql = batch_q_len(p, b);
+      const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
+      if (kl <= plan.config.geometry.topk) {  // dense rows: indices_in is not read
+        t += ql;
+        continue;
+      }
+      for (int64_t i = 0; i < ql; ++i, ++t) {
+        const int64_t len = kl - ql + i + 1;
+        for (int64_t j = 0; j < in.shape[1]; ++j) {
+          const int64_t v = in.ptr<const int32_t>()[t * in.stride[0] + j * in.stride[1]];
+          if (v < -1 || v >= len)
+            return invalid("indices_in[" + num(t) + ", " + num(j) + "]: expected -1 or a key 0 <= index < " + num(len) +
+                           " (the row's visible keys), got " + num(v));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// q_lens [B] i32, or cu_seqlens [B + 1] i32/i64 (0, nondecreasing), in host memory.
+Status check_q_lens(const StepParams& p) {
+  if (!p.cu_seqlens.present()) {
+    if (!host_i32_vector(p.q_lens))
+      return invalid("q_lens: expected a [B] i32 tensor in host memory (or cu_seqlens [B + 1]), got " + describe(p.q_lens));
+    return Status::Ok();
+  }
+  const TensorDesc& c = p.cu_seqlens;
+  if (p.q_lens.present()) return invalid("q_lens, cu_seqlens: expected one of them, got both");
+  if ((c.dtype != DType::kI32 && c.dtype != DType::kI64) || c.ndim != 1 || c.shape[0] < 1 ||
+      c.device.type != DeviceType::kCPU || c.data == nullptr)
+    return invalid("cu_seqlens: expected a [B + 1] i32 or i64 tensor in host memory, got " + describe(c));
+  if (cu_at(c, 0) != 0) return invalid("cu_seqlens[0]: expected 0, got " + num(cu_at(c, 0)));
+  for (int64_t b = 0; b + 1 < c.shape[0]; ++b)
+    if (cu_at(c, b + 1) < cu_at(c, b))
+      return invalid("cu_seqlens[" + num(b + 1) + "]: expected >= cu_seqlens[" + num(b) + "] = " + num(cu_at(c, b)) +
+                     ", got " + num(cu_at(c, b + 1)));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
+  const PlannerConfig& cfg = plan.config;
+  const ModelGeometry& g = cfg.geometry;
+  const Device dev = cfg.device;
+  const int64_t K = g.topk, H = g.num_heads, Hi = g.index_heads;
+
+  // ---- the batch against the plan ----
+  if (p.role != IndexerRole::kFull && p.role != IndexerRole::kShared && p.role != IndexerRole::kMtp)
+    return invalid("role: expected full, shared or mtp");
+  const bool scores = p.role != IndexerRole::kShared;
+  if (Status st = check_q_lens(p); !st.ok()) return st;
+  if (!host_i32_vector(p.kv_lens)) return invalid("kv_lens: expected a [B] i32 tensor in host memory");
+  const int64_t B = batch_size(p);
+  if (p.kv_lens.shape[0] != B)
+    return invalid("kv_lens: expected [B = " + num(B) + "] like q_lens, got [" + num(p.kv_lens.shape[0]) + "]");
+  if (B > cfg.max_seqs_per_step)
+    return limit("batch: B = " + num(B) + " sequences exceeds the plan's max_seqs_per_step = " + num(cfg.max_seqs_per_step));
+  if (!p.q.present() || p.q.ndim != 3 || p.q.shape[1] != H || p.q.shape[2] != kQkDim)
+    return invalid("q: expected [T, H = " + num(H) + ", 576] (the plan's geometry)");
+  const int64_t T = p.q.shape[0];
+  if (T > plan.max_rows)
+    return limit("batch: T = " + num(T) + " tokens exceeds the plan's max_tokens_per_step = " + num(cfg.max_tokens_per_step) +
+                 (plan.max_rows > cfg.max_tokens_per_step ? " (max_seqs_per_step * max_next_n = " + num(plan.max_rows) + " rows)" : ""));
+  if (p.q.device != dev) return invalid("q: expected on the plan's device " + std::string(device_type_name(dev.type)));
+  int64_t sum_q = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t ql = batch_q_len(p, b);
+    const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
+    if (ql < 0 || ql > kl)
+      return invalid("q_lens[" + num(b) + "]: expected 0 <= q_len <= kv_len = " + num(kl) + ", got " + num(ql));
+    if (kl > cfg.max_context)
+      return limit("kv_lens[" + num(b) + "] = " + num(kl) + " exceeds the plan's max_context = " + num(cfg.max_context));
+    sum_q += ql;
+  }
+  if (sum_q != T) return invalid("q_lens: expected Σ q_lens = T = " + num(T) + ", got " + num(sum_q));
+  if (!p.block_table.present() || p.block_table.ndim != 2 || p.block_table.shape[0] != B)
+    return invalid("block_table: expected [B = " + num(B) + ", max_blocks] i32");
+  if (!p.mla_cache.present()) return invalid("mla_cache: expected the layer's MLA cache (data and num_blocks > 0)");
+  if (scores && !p.index_cache.present())
+    return invalid("index_cache: expected the layer's indexer cache (full and mtp layers own one)");
+  if (p.mla_cache.page_size != cfg.page_size)
+    return invalid("mla_cache: expected page_size = " + num(cfg.page_size) + " (the plan's), got " + num(p.mla_cache.page_size));
+  if (scores && p.index_cache.page_size != cfg.page_size)
+    return invalid("index_cache: expected page_size = " + num(cfg.page_size) + " (the plan's; one block table serves both caches), got " +
+                   num(p.index_cache.page_size));
+  if (p.role == IndexerRole::kShared) {
+    if (!p.indices_in.present() || p.indices_in.ndim != 2 || p.indices_in.shape[0] != T || p.indices_in.shape[1] != K)
+      return invalid("indices_in: expected [T = " + num(T) + ", topk = " + num(K) + "] i32 from the last full layer (shared layer)");
+    if (p.indices_out.present()) return invalid("indices_out: expected none for a shared layer (it selects nothing; reuse indices_in)");
+  } else if (p.indices_out.present() &&
+             (p.indices_out.ndim != 2 || p.indices_out.shape[0] != T || p.indices_out.shape[1] != K)) {
+    return invalid("indices_out: expected [T = " + num(T) + ", topk = " + num(K) + "] i32");
+  }
+  {
+    // Whole-step shapes: the step hands the ops row slices, so a short tensor must fail here.
+    core::ArgCheck c(kOp);
+    c.tensor(p.q, "q", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kQkDim, "576"}});
+    c.tensor(p.block_table, "block_table", {DType::kI32}, {{B, "B"}, "max_blocks"});
+    c.tensor(p.kv_c, "kv_c", {DType::kBF16, DType::kF32}, {{T, "T"}, {kLatentDim, "512"}});
+    c.tensor(p.k_pe, "k_pe", {DType::kBF16, DType::kF32}, {{T, "T"}, {kRopeDim, "64"}});
+    c.tensor(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kLatentDim, "512"}});
+    c.tensor(p.lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
+    c.optional(p.attn_sink, "attn_sink", {DType::kF32}, {{H, "H"}}, false);
+    c.optional(p.positions, "positions", {DType::kI32}, {{T, "T"}}, false);
+    if (scores) {
+      c.tensor(p.index_q, "index_q", {DType::kBF16, DType::kF32}, {{T, "T"}, {Hi, "H_idx"}, {kIndexHeadDim, "128"}});
+      c.tensor(p.index_w, "index_w", {DType::kBF16, DType::kF32}, {{T, "T"}, {Hi, "H_idx"}}, false);
+      c.tensor(p.index_k, "index_k", {DType::kBF16, DType::kF32}, {{T, "T"}, {kIndexHeadDim, "128"}});
+      c.tensor(p.cos_sin, "cos_sin", {DType::kF32}, {"max_positions", {kIndexRopeDim, "64"}});
+    }
+    c.optional(p.indices_in, "indices_in", {DType::kI32}, {{T, "T"}, {K, "topk"}});
+    c.optional(p.indices_out, "indices_out", {DType::kI32}, {{T, "T"}, {K, "topk"}});
+    if (!c.ok()) return c.status();
+  }
+  if (p.workspace == nullptr || static_cast<int64_t>(p.workspace_bytes) < plan.workspace_bytes)
+    return Status(StatusCode::kWorkspaceTooSmall, std::string(kOp) + ": workspace: expected at least " +
+                                                      num(plan.workspace_bytes) + " bytes (plan.workspace_bytes), got " +
+                                                      (p.workspace ? num(static_cast<int64_t>(p.workspace_bytes)) : "none"));
+  if (Status st = check_contents(plan, p, B, scores); !st.ok()) return st;
+  out->B = B;
+  out->T = T;
+  out->scores = scores;
+  return Status::Ok();
+}
+
+Status validate_batch(const Plan& plan, const StepParams& p, BatchShape* out) {
+  const PlannerConfig& cfg = plan.config;
+  const Device dev = cfg.device;
+  if (Status st = check_q_lens(p); !st.ok()) return st;
+  if (!host_i32_vector(p.kv_lens)) return invalid("kv_lens: expected a [B] i32 tensor in host memory");
+  const int64_t B = batch_size(p);
+  if (p.kv_lens.shape[0] != B)
+    return invalid("kv_lens: expected [B = " + num(B) + "] like q_lens, got [" + num(p.kv_lens.shape[0]) + "]");
+  if (B > cfg.max_seqs_per_step)
+    return limit("batch: B = " + num(B) + " sequences exceeds the plan's max_seqs_per_step = " + num(cfg.max_seqs_per_step));
+  int64_t T = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t ql = batch_q_len(p, b);
+    const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
+    if (ql < 0 || ql > kl)
+      return invalid("q_lens[" + num(b) + "]: expected 0 <= q_len <= kv_len = " + num(kl) + ", got " + num(ql));
+    if (kl > cfg.max_context)
+      return limit("kv_lens[" + num(b) + "] = " + num(kl) + " exceeds the plan's max_context = " + num(cfg.max_context));
+    T += ql;
+  }
+  if (T > plan.max_rows)
+    return limit("batch: T = Σ q_lens = " + num(T) + " tokens exceeds the plan's max_tokens_per_step = " +
+                 num(cfg.max_tokens_per_step) +
+                 (plan.max_rows > cfg.max_tokens_per_step ? " (max_seqs_per_step * max_next_n = " + num(plan.max_rows) + " rows)" : ""));
+  {
+    ArgCheck c(kOp);
+    c.tensor(p.block_table, "block_table", {DType::kI32}, {{B, "B"}, "max_blocks"});
+    c.optional(p.positions, "positions", {DType::kI32}, {{T, "T"}}, false);
+    if (!c.ok()) return c.status();
+  }
+  if (p.block_table.device != dev)
+    return invalid("block_table: expected on the plan's device " + std::string(device_type_name(dev.type)));
+  if (p.workspace == nullptr || static_cast<int64_t>(p.workspace_bytes) < plan.workspace_bytes)
+    return Status(StatusCode::kWorkspaceTooSmall, std::string(kOp) + ": workspace: expected at least " +
+                                                      num(plan.workspace_bytes) + " bytes (plan.workspace_bytes), got " +
+                                                      (p.workspace ? num(static_cast<int64_t>(p.workspace_bytes)) : "none"));
+  out->B = B;
+  out->T = T;
+  out->scores = p.role != IndexerRole::kShared;
+  return Status::Ok();
+}
+
+Status matches_prepared(const Step& s) {
+  const Prepared& pr = s.state.prepared;
+  const StepParams& p = s.p;
+  if (!pr.valid) return invalid("run: expected a prepared batch (call prepare with the step's batch first)");
+  if (s.shape.B != pr.B || s.shape.T != pr.T)
+    return invalid("q_lens: expected the prepared batch (B = " + num(pr.B) + ", T = " + num(pr.T) + "), got B = " +
+                   num(s.shape.B) + ", T = " + num(s.shape.T));
+  for (int64_t b = 0; b < pr.B; ++b) {
+    const int32_t ql = batch_q_len(p, b);
+    const int32_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
+    if (ql != s.state.q_lens[static_cast<size_t>(b)] || kl != s.kv_lens_h[b])
+      return invalid("q_lens, kv_lens: expected the prepared batch's; sequence " + num(b) + " was (" +
+                     num(s.state.q_lens[static_cast<size_t>(b)]) + ", " + num(s.kv_lens_h[b]) + "), got (" + num(ql) +
+                     ", " + num(kl) + ")");
+  }
+  if (p.workspace != pr.workspace || p.workspace_bytes != pr.workspace_bytes)
+    return invalid("workspace: expected the prepared batch's workspace (its metadata lives there)");
+  if (p.block_table.data != pr.block_table)
+    return invalid("block_table: expected the prepared batch's block table");
+  if (p.positions.data != pr.positions)
+    return invalid("positions: expected the prepared batch's positions");
+  return Status::Ok();
+}
+
+}  // namespace step
+}  // namespace core
+}  // namespace dsa

@@ -1,0 +1,560 @@
+// `dsa bench --op layer_prefill` and `--op layer_decode`: one layer of a preset driven through
+// dsa::make_plan and dsa::Attention::step the way an engine drives it (issue 9).
+//
+//   layer_prefill: one prompt of S tokens prefilled in steps of `step` new tokens, each step a
+//     chunked prefill over the prefix already cached; one plan for the whole prompt
+//     (max_tokens_per_step = step, max_context = S, the score budget), caches sized for S.
+//     Time: CUDA events around every step, summed; then a second pass with
+//     StepParams::time_stages for the GPU time of each stage (or, while the step does not
+//     measure them, its host enqueue times, marked as such).
+//   layer_decode: B sequences of ctx cached tokens each, next_n new tokens per sequence per
+//     step; the median of the timed steps, and the mean per-stage split of a second series.
+// Inputs are random (never zeros): the new tokens' latents and indexer inputs are refreshed
+// from the random pools before every prefill step (outside the timed region), the absorbed
+// queries are one random set; decode caches are filled with random tokens.
+// With --backend cpu the same runs on the CPU backend (host memory, steady_clock; the host
+// stage times are then the real split), at the sizes given by --prefill / --decode.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "dsa/layer.h"
+#include "dsa/planner.h"
+
+namespace dsa_bench {
+namespace {
+
+// ---- the backend under test: memory, fills, timing -----------------------------------------
+dsa::Device layer_device(const Options& o) { return o.cpu ? dsa::cpu_device() : dsa::cuda_device(o.device); }
+
+const char* kAllocFailed = "allocation or fill failed";
+
+// Device memory on CUDA, host memory (256-byte aligned) on the CPU.
+class Mem {
+ public:
+  Mem(bool cpu, size_t bytes) : cpu_(cpu), bytes_(bytes) {
+    if (!bytes) return;
+    if (cpu) {
+      p_ = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    } else {
+#if defined(DSA_WITH_CUDA)
+      if (cudaMalloc(&p_, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        p_ = nullptr;
+      }
+#endif
+    }
+  }
+  Mem(const Mem&) = delete;
+  Mem& operator=(const Mem&) = delete;
+  ~Mem() {
+    if (!p_) return;
+    if (cpu_) std::free(p_);
+#if defined(DSA_WITH_CUDA)
+    else cudaFree(p_);
+#endif
+  }
+  void* get() const { return p_; }
+  template <typename T> T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+  bool ok() const { return bytes_ == 0 || p_ != nullptr; }
+
+ private:
+  bool cpu_;
+  size_t bytes_;
+  void* p_ = nullptr;
+};
+
+// Random fills: from the device pools on CUDA, generated in place on the CPU.
+struct Filler {
+  const Options& o;
+  const Pools* pools;
+  Rng rng;
+  Filler(const Options& opt, const Pools* p, uint64_t seed) : o(opt), pools(p), rng(seed) {}
+  bool bf16(const Mem& m) {
+    if (o.cpu) {
+      for (size_t i = 0; i < m.bytes() / 2; ++i) m.as<uint16_t>()[i] = dsa::float_to_bf16(rng.normal());
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    return pools->bf16.fill(m.get(), m.bytes(), rng);
+#else
+    return false;
+#endif
+  }
+  bool f32(const Mem& m) {
+    if (o.cpu) {
+      for (size_t i = 0; i < m.bytes() / 4; ++i) m.as<float>()[i] = rng.normal();
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    return pools->f32.fill(m.get(), m.bytes(), rng);
+#else
+    return false;
+#endif
+  }
+  bool e4m3(const Mem& m) {
+    if (o.cpu) {
+      for (size_t i = 0; i < m.bytes(); ++i) m.as<uint8_t>()[i] = dsa::quantize_e4m3(rng.normal() * 64.f, 1.f);
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    return pools->e4m3.fill(m.get(), m.bytes(), rng);
+#else
+    return false;
+#endif
+  }
+  // An indexer cache of `blocks` pages, [64 x 128 e4m3][64 x f32 scale] each: random keys,
+  // power-of-two scales.
+  bool indexer_cache(const Mem& m, int64_t blocks, int64_t page) {
+    if (!e4m3(m)) return false;
+    const size_t page_bytes = static_cast<size_t>(page * dsa::kIndexerTokenBytes);
+    if (o.cpu) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        float* sc = reinterpret_cast<float*>(m.as<uint8_t>() + static_cast<size_t>(b) * page_bytes + page * 128);
+        for (int64_t t = 0; t < page; ++t) sc[t] = std::ldexp(1.f, -4 - static_cast<int>(rng.next() % 6));
+      }
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    const size_t scale_bytes = static_cast<size_t>(page * 4);
+    const size_t rows_per_copy = pools->pow2.bytes() / scale_bytes;
+    for (int64_t b0 = 0; b0 < blocks; b0 += static_cast<int64_t>(rows_per_copy)) {
+      const size_t nb = std::min<size_t>(rows_per_copy, static_cast<size_t>(blocks - b0));
+      if (cudaMemcpy2DAsync(m.as<uint8_t>() + static_cast<size_t>(b0) * page_bytes + page * 128, page_bytes,
+                            pools->pow2.data(), scale_bytes, scale_bytes, nb, cudaMemcpyDeviceToDevice) != cudaSuccess)
+        return false;
+    }
+    return true;
+#else
+    return false;
+#endif
+  }
+  bool upload(const Mem& m, const void* host, size_t bytes) {
+    if (!m.ok() || bytes > m.bytes()) return false;
+    if (o.cpu) {
+      std::memcpy(m.get(), host, bytes);
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    return cudaMemcpy(m.get(), host, bytes, cudaMemcpyHostToDevice) == cudaSuccess;
+#else
+    return false;
+#endif
+  }
+};
+
+// Waits for the backend; "" or the device error.
+std::string sync(const Options& o) {
+  if (o.cpu) return "";
+#if defined(DSA_WITH_CUDA)
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return std::string("device error: ") + cudaGetErrorString(e);
+  return "";
+#else
+  return "no CUDA backend";
+#endif
+}
+
+// Time of one step: CUDA events on the default stream (GPU time), or host time on the CPU.
+class Timer {
+ public:
+  explicit Timer(const Options& o) : cpu_(o.cpu) {
+#if defined(DSA_WITH_CUDA)
+    if (!cpu_) {
+      cudaEventCreate(&ev_[0]);
+      cudaEventCreate(&ev_[1]);
+    }
+#endif
+  }
+  ~Timer() {
+#if defined(DSA_WITH_CUDA)
+    if (!cpu_) {
+      cudaEventDestroy(ev_[0]);
+      cudaEventDestroy(ev_[1]);
+    }
+#endif
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  void start() {
+    t0_ = std::chrono::steady_clock::now();
+#if defined(DSA_WITH_CUDA)
+    if (!cpu_) cudaEventRecord(ev_[0]);
+#endif
+  }
+  void stop() {
+    t1_ = std::chrono::steady_clock::now();
+#if defined(DSA_WITH_CUDA)
+    if (!cpu_) cudaEventRecord(ev_[1]);
+#endif
+  }
+  // ms between start and stop (waits for the stop event); false on a device error.
+  bool ms(double* out, std::string* err) {
+    if (cpu_) {
+      *out = std::chrono::duration<double, std::milli>(t1_ - t0_).count();
+      return true;
+    }
+#if defined(DSA_WITH_CUDA)
+    const cudaError_t e = cudaEventSynchronize(ev_[1]);
+    if (e != cudaSuccess) {
+      *err = std::string("device error: ") + cudaGetErrorString(e);
+      return false;
+    }
+    float t = 0;
+    cudaEventElapsedTime(&t, ev_[0], ev_[1]);
+    *out = t;
+    return true;
+#else
+    *err = "no CUDA backend";
+    return false;
+#endif
+  }
+
+ private:
+  bool cpu_;
+  std::chrono::steady_clock::time_point t0_, t1_;
+#if defined(DSA_WITH_CUDA)
+  cudaEvent_t ev_[2] = {nullptr, nullptr};
+#endif
+};
+
+constexpr int64_t kPage = 64;
+constexpr double kAttnFlopsPerKeyHead = (576.0 + 512.0) * 2.0;  // scores + value sums
+
+std::string budget_text(int64_t bytes) {
+  if (bytes % (int64_t{1} << 30) == 0) return std::to_string(bytes >> 30) + "GiB";
+  if (bytes % (int64_t{1} << 20) == 0) return std::to_string(bytes >> 20) + "MiB";
+  return std::to_string(bytes) + "B";
+}
+
+// The stage split of one or more steps: GPU ms when the step measured them, else host ms.
+struct Stages {
+  bool gpu = false;
+  double cache = 0, prepare = 0, score = 0, select = 0, map = 0, sparse = 0, dense = 0, total = 0;
+  void add(const dsa::StepReport& r, double scale = 1.0) {
+    gpu = r.gpu_timed;
+    if (r.gpu_timed) {
+      cache += scale * r.gpu_ms_cache; prepare += scale * r.gpu_ms_prepare; score += scale * r.gpu_ms_score;
+      select += scale * r.gpu_ms_select; map += scale * r.gpu_ms_map; sparse += scale * r.gpu_ms_sparse;
+      dense += scale * r.gpu_ms_dense; total += scale * r.gpu_ms_total;
+    } else {
+      cache += scale * r.ms_cache; prepare += scale * r.ms_prepare; score += scale * r.ms_score;
+      select += scale * r.ms_select; map += scale * r.ms_map; sparse += scale * r.ms_sparse;
+      dense += scale * r.ms_dense; total += scale * r.ms_total;
+    }
+  }
+  std::string json() const {
+    char b[512];
+    std::snprintf(b, sizeof(b),
+                  "{\"source\": \"%s\", \"cache\": %.6f, \"prepare\": %.6f, \"score\": %.6f, \"select\": %.6f, "
+                  "\"map\": %.6f, \"sparse\": %.6f, \"dense\": %.6f, \"total\": %.6f}",
+                  gpu ? "gpu" : "host", cache, prepare, score, select, map, sparse, dense, total);
+    return b;
+  }
+  std::string text() const {
+    char b[320];
+    std::snprintf(b, sizeof(b), "cache %.3f  prepare %.3f  score %.3f  select %.3f  map %.3f  sparse %.3f  dense %.3f  (total %.3f)",
+                  cache, prepare, score, select, map, sparse, dense, total);
+    return b;
+  }
+};
+
+const char* kNotMeasured = "gpu stage times: not measured (the step did not record them; host enqueue ms below)";
+
+// FLOPs of `n` rows of one sequence at positions s0 .. s0 + n - 1 (row i sees s0 + i + 1 keys),
+// kv_len = s0 + n after the step. A sequence past topk is scored (indexer over every visible
+// key of every row) and its rows attend to min(L, topk) keys; one within topk runs dense causal.
+void count_rows(int64_t s0, int64_t n, int64_t kv_len, const dsa::ModelGeometry& g, double* fp8, double* bf16) {
+  const double first = static_cast<double>(s0 + 1), last = static_cast<double>(s0 + n);
+  const double visible = (first + last) * static_cast<double>(n) / 2.0;  // Σ L over the rows
+  if (kv_len > g.topk) {
+    *fp8 += 2.0 * 128.0 * g.index_heads * visible;
+    // Σ min(L, K): rows below K attend to their L keys, the rest to K.
+    const int64_t below = std::max<int64_t>(0, std::min<int64_t>(n, g.topk - s0));  // rows with L <= K
+    const double lb = static_cast<double>(below);
+    const double sum_below = below ? (first + (first + lb - 1)) * lb / 2.0 : 0.0;
+    const double keys = sum_below + static_cast<double>(n - below) * g.topk;
+    *bf16 += keys * g.num_heads * kAttnFlopsPerKeyHead;
+  } else {
+    *bf16 += visible * g.num_heads * kAttnFlopsPerKeyHead;
+  }
+}
+
+std::vector<float> rope_table(int64_t positions) {
+  std::vector<float> cs(static_cast<size_t>(positions * 64));
+  for (int64_t pos = 0; pos < positions; ++pos)
+    for (int i = 0; i < 32; ++i) {
+      const double inv_freq = std::pow(10000.0, -2.0 * i / 64.0);
+      cs[static_cast<size_t>(pos * 64 + i)] = static_cast<float>(std::cos(pos * inv_freq));
+      cs[static_cast<size_t>(pos * 64 + 32 + i)] = static_cast<float>(std::sin(pos * inv_freq));
+    }
+  return cs;
+}
+
+// A shuffled page list: block-table mistakes cannot hide behind the identity.
+std::vector<int32_t> shuffled_pages(int64_t n, Rng& rng) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(v[static_cast<size_t>(i)], v[rng.next() % static_cast<uint64_t>(i + 1)]);
+  return v;
+}
+
+// The per-token inputs of a step of up to T rows.
+struct StepInputs {
+  Mem q, iq, ik, iw, kvc, kpe, out, lse;
+  StepInputs(bool cpu, int64_t T, const dsa::ModelGeometry& g)
+      : q(cpu, static_cast<size_t>(T * g.num_heads * dsa::kQkDim * 2)),
+        iq(cpu, static_cast<size_t>(T * g.index_heads * 128 * 2)), ik(cpu, static_cast<size_t>(T * 128 * 2)),
+        iw(cpu, static_cast<size_t>(T * g.index_heads * 4)), kvc(cpu, static_cast<size_t>(T * dsa::kLatentDim * 2)),
+        kpe(cpu, static_cast<size_t>(T * 64 * 2)), out(cpu, static_cast<size_t>(T * g.num_heads * dsa::kLatentDim * 2)),
+        lse(cpu, static_cast<size_t>(T * g.num_heads * 4)) {}
+  bool ok() const { return q.ok() && iq.ok() && ik.ok() && iw.ok() && kvc.ok() && kpe.ok() && out.ok() && lse.ok(); }
+  bool refresh_tokens(Filler& f) const {  // everything but q
+    return f.bf16(iq) && f.bf16(ik) && f.f32(iw) && f.bf16(kvc) && f.bf16(kpe);
+  }
+  bool fill_all(Filler& f) const { return refresh_tokens(f) && f.bf16(q); }
+};
+
+// The step's params for T rows of B sequences (host q_lens / kv_lens).
+dsa::StepParams step_params(const dsa::ModelGeometry& g, const StepInputs& in, int64_t T, int64_t B, int32_t* q_lens,
+                            int32_t* kv_lens, const Mem& bt, int64_t max_blocks, const Mem& cos_sin, int64_t positions,
+                            const dsa::MlaCacheDesc& mla, const dsa::IndexerCacheDesc& idx, const Mem& ws, dsa::Device d) {
+  const int64_t H = g.num_heads, Hi = g.index_heads;
+  dsa::StepParams p;
+  p.role = dsa::IndexerRole::kFull;
+  p.q_lens = dsa::make_tensor(q_lens, dsa::DType::kI32, {B}, dsa::cpu_device());
+  p.kv_lens = dsa::make_tensor(kv_lens, dsa::DType::kI32, {B}, dsa::cpu_device());
+  p.block_table = dsa::make_tensor(bt.get(), dsa::DType::kI32, {B, max_blocks}, d);
+  p.kv_c = dsa::make_tensor(in.kvc.get(), dsa::DType::kBF16, {T, dsa::kLatentDim}, d);
+  p.k_pe = dsa::make_tensor(in.kpe.get(), dsa::DType::kBF16, {T, 64}, d);
+  p.q = dsa::make_tensor(in.q.get(), dsa::DType::kBF16, {T, H, dsa::kQkDim}, d);
+  p.index_q = dsa::make_tensor(in.iq.get(), dsa::DType::kBF16, {T, Hi, 128}, d);
+  p.index_k = dsa::make_tensor(in.ik.get(), dsa::DType::kBF16, {T, 128}, d);
+  p.index_w = dsa::make_tensor(in.iw.get(), dsa::DType::kF32, {T, Hi}, d);
+  p.cos_sin = dsa::make_tensor(cos_sin.get(), dsa::DType::kF32, {positions, 64}, d);
+  p.mla_cache = mla;
+  p.index_cache = idx;
+  p.out = dsa::make_tensor(in.out.get(), dsa::DType::kBF16, {T, H, dsa::kLatentDim}, d);
+  p.lse = dsa::make_tensor(in.lse.get(), dsa::DType::kF32, {T, H}, d);
+  p.workspace = ws.get();
+  p.workspace_bytes = ws.bytes();
+  return p;
+}
+
+bool make_plan_for(const Options& o, const dsa::ModelGeometry& g, int64_t tokens, int64_t seqs, int64_t ctx, int64_t next_n,
+                   int64_t budget, dsa::Plan* plan, std::unique_ptr<dsa::Attention>* attn, std::string* err) {
+  dsa::PlannerConfig c;
+  c.geometry = g;
+  c.cache_dtype = dsa::MlaCacheDtype::kBF16;
+  c.page_size = kPage;
+  c.max_tokens_per_step = tokens;
+  c.max_seqs_per_step = seqs;
+  c.max_context = ctx;
+  c.max_next_n = next_n;
+  c.score_budget_bytes = budget;
+  c.device = layer_device(o);
+  dsa::Status st = dsa::make_plan(c, plan);
+  if (st.ok()) st = dsa::Attention::create(*plan, attn);
+  if (!st.ok()) *err = "plan: " + st.to_string();
+  return st.ok();
+}
+
+}  // namespace
+
+Result bench_layer_prefill(const Options& o, const Pools* pools, const std::string& preset, int64_t S, int64_t step,
+                           int64_t budget) {
+  Result r;
+  r.op = "layer_prefill";
+  r.shape = preset + " S=" + std::to_string(S) + " step=" + std::to_string(step) + " budget=" + budget_text(budget);
+  dsa::ModelGeometry g;
+  dsa::Status st = dsa::geometry_preset(preset, &g);
+  if (!st.ok()) { r.error = st.to_string(); return r; }
+  const int64_t nsteps = (S + step - 1) / step;
+  std::vector<double> step_fp8(static_cast<size_t>(nsteps), 0), step_bf16(static_cast<size_t>(nsteps), 0);
+  double fp8 = 0, bf16 = 0;
+  for (int64_t i = 0; i < nsteps; ++i) {
+    const int64_t s0 = i * step, n = std::min(step, S - s0);
+    count_rows(s0, n, s0 + n, g, &step_fp8[static_cast<size_t>(i)], &step_bf16[static_cast<size_t>(i)]);
+    fp8 += step_fp8[static_cast<size_t>(i)];
+    bf16 += step_bf16[static_cast<size_t>(i)];
+  }
+  r.work.flops = fp8 + bf16;
+  r.work.flops_fp8 = fp8;
+  r.work.fp8 = true;
+
+  dsa::Plan plan;
+  std::unique_ptr<dsa::Attention> attn;
+  if (!make_plan_for(o, g, step, 1, S, 1, budget, &plan, &attn, &r.error)) return r;
+  const dsa::Device d = layer_device(o);
+  const int64_t pages = (S + kPage - 1) / kPage, blocks = pages + 1;
+  Filler fill(o, pools, 21);
+  Mem mla(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes));
+  Mem idx(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes));
+  Mem bt(o.cpu, static_cast<size_t>(pages * 4)), cs(o.cpu, static_cast<size_t>(S * 64 * 4));
+  Mem ws(o.cpu, static_cast<size_t>(plan.workspace_bytes));
+  StepInputs in(o.cpu, step, g);
+  const std::vector<int32_t> perm = shuffled_pages(blocks, fill.rng);
+  const std::vector<float> rope = rope_table(S);
+  // The caches get random contents too (every slot a step reads it has written first).
+  bool ok = mla.ok() && idx.ok() && ws.ok() && in.ok() && fill.upload(bt, perm.data(), static_cast<size_t>(pages * 4)) &&
+            fill.upload(cs, rope.data(), rope.size() * 4) && in.fill_all(fill) && fill.bf16(mla) &&
+            fill.indexer_cache(idx, blocks, kPage);
+  if (!ok) { r.error = kAllocFailed; return r; }
+  dsa::MlaCacheDesc mdesc;
+  mdesc.data = mla.get(); mdesc.dtype = dsa::MlaCacheDtype::kBF16; mdesc.num_blocks = blocks; mdesc.page_size = kPage; mdesc.device = d;
+  dsa::IndexerCacheDesc idesc;
+  idesc.data = idx.get(); idesc.num_blocks = blocks; idesc.page_size = kPage; idesc.device = d;
+
+  Timer timer(o);
+  std::vector<double> ms(static_cast<size_t>(nsteps), 0);
+  std::vector<dsa::StepReport> reps(static_cast<size_t>(nsteps));
+  // Pass 0 warms up (skipped with --warmup 0), pass 1 is timed, pass 2 records the stages.
+  for (int pass = o.warmup > 0 ? 0 : 1; pass < 3 && ok; ++pass) {
+    for (int64_t i = 0; i < nsteps && ok; ++i) {
+      const int64_t s0 = i * step, n = std::min(step, S - s0);
+      int32_t ql = static_cast<int32_t>(n), kl = static_cast<int32_t>(s0 + n);
+      if (!in.refresh_tokens(fill)) { r.error = kAllocFailed; ok = false; break; }
+      dsa::StepParams p = step_params(g, in, n, 1, &ql, &kl, bt, pages, cs, S, mdesc, idesc, ws, d);
+      p.time_stages = pass == 2;
+      timer.start();
+      st = attn->step(p, pass == 2 ? &reps[static_cast<size_t>(i)] : nullptr);
+      timer.stop();
+      if (!st.ok()) { r.error = "step " + std::to_string(i) + ": " + st.to_string(); ok = false; break; }
+      if (pass == 1 && !timer.ms(&ms[static_cast<size_t>(i)], &r.error)) { ok = false; break; }
+      if (i == nsteps - 1) r.kernel = dsa::last_kernel_name();
+    }
+    const std::string e = sync(o);
+    if (ok && !e.empty()) { r.error = e; ok = false; }
+  }
+  if (!ok) return r;
+
+  Stages total;
+  std::string steps_json;
+  char line[512];
+  r.text_extra = "    per step: ctx rows ms floor_ms x_floor | stages\n";
+  for (int64_t i = 0; i < nsteps; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    const int64_t s0 = i * step, n = std::min(step, S - s0);
+    Stages one;
+    one.add(reps[k]);
+    total.add(reps[k]);
+    r.ms += ms[k];
+    const double floor_ms = (step_fp8[k] / o.fp8_tflops + step_bf16[k] / o.bf16_tflops) / 1e9;
+    std::snprintf(line, sizeof(line),
+                  "%s{\"ctx\": %lld, \"rows\": %lld, \"ms\": %.6f, \"flops\": %.6g, \"flops_fp8\": %.6g, \"floor_ms\": %.6f, "
+                  "\"stages\": ",
+                  i ? ", " : "", static_cast<long long>(s0 + n), static_cast<long long>(n), ms[k], step_fp8[k] + step_bf16[k],
+                  step_fp8[k], floor_ms);
+    steps_json += line + one.json() + "}";
+    std::snprintf(line, sizeof(line), "    %8lld %6lld %9.3f %9.3f %7.2f | %s\n", static_cast<long long>(s0 + n),
+                  static_cast<long long>(n), ms[k], floor_ms, floor_ms > 0 ? ms[k] / floor_ms : 0.0, one.text().c_str());
+    r.text_extra += line;
+  }
+  r.ms_min = r.ms;
+  r.json_extra = ", \"gpu_timed\": " + std::string(total.gpu ? "true" : "false") + ", \"stages\": " + total.json() +
+                 ", \"steps\": [" + steps_json + "]" + ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes);
+  r.text_extra = std::string("    ") +
+                 (o.cpu ? std::string("cpu stage ms, summed over the steps: ")
+                        : total.gpu ? std::string("gpu stage ms, summed over the steps: ") : std::string(kNotMeasured) + "\n    host ms: ") +
+                 total.text() + "\n" + r.text_extra;
+  r.ok = true;
+  return r;
+}
+
+Result bench_layer_decode(const Options& o, const Pools* pools, const std::string& preset, int64_t B, int64_t next_n,
+                          int64_t ctx) {
+  Result r;
+  r.op = "layer_decode";
+  r.shape = preset + " B=" + std::to_string(B) + " next_n=" + std::to_string(next_n) + " ctx=" + std::to_string(ctx);
+  dsa::ModelGeometry g;
+  dsa::Status st = dsa::geometry_preset(preset, &g);
+  if (!st.ok()) { r.error = st.to_string(); return r; }
+  const int64_t T = B * next_n;
+  double fp8 = 0, bf16 = 0;
+  for (int64_t b = 0; b < B; ++b) count_rows(ctx - next_n, next_n, ctx, g, &fp8, &bf16);
+  r.work.flops = fp8 + bf16;
+  r.work.flops_fp8 = fp8;
+  r.work.fp8 = true;
+  // Compulsory bytes: every sequence's indexer keys once (shared by its next_n rows) and its
+  // distinct selected MLA keys once (at most next_n * topk of them).
+  r.work.bytes = static_cast<double>(B) * ctx * dsa::kIndexerTokenBytes +
+                 static_cast<double>(B) * std::min<int64_t>(ctx, next_n * g.topk) * dsa::kMlaBf16TokenBytes;
+
+  dsa::Plan plan;
+  std::unique_ptr<dsa::Attention> attn;
+  if (!make_plan_for(o, g, T, B, ctx, next_n, dsa::kDefaultScoreBudgetBytes, &plan, &attn, &r.error)) return r;
+  const dsa::Device d = layer_device(o);
+  const int64_t per_seq = (ctx + kPage - 1) / kPage, blocks = B * per_seq + 1;
+  Filler fill(o, pools, 22);
+  Mem mla(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes));
+  Mem idx(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes));
+  Mem bt(o.cpu, static_cast<size_t>(B * per_seq * 4)), cs(o.cpu, static_cast<size_t>(ctx * 64 * 4));
+  Mem ws(o.cpu, static_cast<size_t>(plan.workspace_bytes));
+  const std::vector<int32_t> perm = shuffled_pages(blocks, fill.rng);
+  const std::vector<float> rope = rope_table(ctx);
+  // The cached tokens: random latents, random indexer keys with power-of-two scales.
+  bool ok = mla.ok() && idx.ok() && ws.ok() && fill.upload(bt, perm.data(), static_cast<size_t>(B * per_seq * 4)) &&
+            fill.upload(cs, rope.data(), rope.size() * 4) && fill.bf16(mla) && fill.indexer_cache(idx, blocks, kPage);
+  std::vector<std::unique_ptr<StepInputs>> sets;
+  for (int s = 0; s < 2 && ok; ++s) {
+    sets.push_back(std::make_unique<StepInputs>(o.cpu, T, g));
+    ok = sets.back()->ok() && sets.back()->fill_all(fill);
+  }
+  if (!ok || !sync(o).empty()) { r.error = kAllocFailed; return r; }
+  dsa::MlaCacheDesc mdesc;
+  mdesc.data = mla.get(); mdesc.dtype = dsa::MlaCacheDtype::kBF16; mdesc.num_blocks = blocks; mdesc.page_size = kPage; mdesc.device = d;
+  dsa::IndexerCacheDesc idesc;
+  idesc.data = idx.get(); idesc.num_blocks = blocks; idesc.page_size = kPage; idesc.device = d;
+  std::vector<int32_t> ql(static_cast<size_t>(B), static_cast<int32_t>(next_n)), kl(static_cast<size_t>(B), static_cast<int32_t>(ctx));
+  auto params = [&](int s) {
+    return step_params(g, *sets[static_cast<size_t>(s)], T, B, ql.data(), kl.data(), bt, per_seq, cs, ctx, mdesc, idesc, ws, d);
+  };
+  // warmup + iters steps, two input sets rotated; the median of the timed ones.
+  Timer timer(o);
+  std::vector<double> ms;
+  for (int i = 0; i < o.warmup + o.iters; ++i) {
+    timer.start();
+    st = attn->step(params(i % 2), nullptr);
+    timer.stop();
+    if (!st.ok()) { r.error = st.to_string(); return r; }
+    if (i == 0) r.kernel = dsa::last_kernel_name();
+    double t = 0;
+    if (i >= o.warmup) {
+      if (!timer.ms(&t, &r.error)) return r;
+      ms.push_back(t);
+    }
+  }
+  const std::string e = sync(o);
+  if (!e.empty()) { r.error = e; return r; }
+  std::sort(ms.begin(), ms.end());
+  r.ms = ms[ms.size() / 2];
+  r.ms_min = ms.front();
+  r.ok = true;
+  // The stage split: the mean over a second series of steps with time_stages.
+  Stages mean;
+  const int n = std::max(1, o.iters);
+  for (int i = 0; i < n; ++i) {
+    dsa::StepParams p = params(i % 2);
+    p.time_stages = true;
+    dsa::StepReport rep;
+    st = attn->step(p, &rep);
+    if (!st.ok()) { r.ok = false; r.error = "stage series: " + st.to_string(); return r; }
+    mean.add(rep, 1.0 / n);
+  }
+  if (!sync(o).empty()) { r.ok = false; r.error = "stage series: " + sync(o); return r; }
+  r.json_extra = ", \"gpu_timed\": " + std::string(mean.gpu ? "true" : "false") + ", \"stages\": " + mean.json() +
+                 ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes);
+  r.text_extra = std::string("    ") +
+                 (o.cpu ? std::string("cpu stage ms, mean per step: ")
+                        : mean.gpu ? std::string("gpu stage ms, mean per step: ") : std::string(kNotMeasured) + "\n    host ms: ") +
+                 mean.text() + "\n";
+  return r;
+}
+
+}  // namespace dsa_bench
