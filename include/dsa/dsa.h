@@ -5,6 +5,7 @@
 #include "dsa/geometry.h"
 #include "dsa/indexer.h"
 #include "dsa/layer.h"
+#include "dsa/mha.h"
 #include "dsa/numerics.h"
 #include "dsa/planner.h"
 #include "dsa/runtime.h"

@@ -11,6 +11,7 @@
 #include "core/arena.h"
 #include "core/step_layout.h"
 #include "dsa/attention.h"
+#include "dsa/mha.h"
 
 namespace dsa {
 namespace {
@@ -219,6 +220,39 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
     p.indexer_cache_bytes = p.kv_pages * p.indexer_page_bytes * p.indexer_layers;
   }
   *out = std::move(p);
+  return Status::Ok();
+}
+
+// ---- MHA-form prefill ----
+
+Status plan_mha_prefill(const PlannerConfig& c, int64_t budget_bytes, MhaPrefillReservation* out) {
+  if (out == nullptr) return invalid("plan_mha_prefill: expected a reservation to fill, got null");
+  const ModelGeometry& g = c.geometry;
+  if (g.num_heads <= 0 || g.qk_nope_head_dim <= 0 || g.v_head_dim <= 0)
+    return invalid("geometry: expected num_heads, qk_nope_head_dim and v_head_dim > 0 for the MHA form, got " +
+                   num(g.num_heads) + ", " + num(g.qk_nope_head_dim) + ", " + num(g.v_head_dim));
+  if (g.topk <= 0) return invalid("geometry.topk: expected > 0, got " + num(g.topk));
+  if (c.max_tokens_per_step <= 0 || c.max_seqs_per_step <= 0)
+    return invalid("max_tokens_per_step, max_seqs_per_step: expected >= 1");
+  const int64_t max_context = c.max_context > 0 ? c.max_context : g.max_positions;
+  if (max_context <= 0) return invalid("max_context: expected >= 1 (or a geometry with max_positions)");
+  if (budget_bytes < 0) return invalid("budget_bytes: expected >= 0, got " + num(budget_bytes));
+  auto bytes = [&](int64_t tokens) {
+    return mha_prefill_workspace_bytes(c.device, g.num_heads, g.qk_nope_head_dim, g.v_head_dim, tokens);
+  };
+  MhaPrefillReservation r;
+  r.max_seq_context = std::min<int64_t>(g.topk, max_context);
+  r.batch_tokens = std::min(c.max_seqs_per_step, c.max_tokens_per_step) * r.max_seq_context;
+  r.min_bytes = bytes(r.max_seq_context);
+  r.batch_bytes = bytes(r.batch_tokens);
+  int64_t lo = r.max_seq_context, hi = r.batch_tokens;  // largest tokens within the budget
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (bytes(mid) <= budget_bytes) lo = mid; else hi = mid - 1;
+  }
+  r.group_tokens = lo;
+  r.bytes = bytes(lo);
+  *out = r;
   return Status::Ok();
 }
 
