@@ -1075,10 +1075,6 @@ TEST(GpuDenseMla, Prefill16KRows) {
 // ---- Hopper decode kernels (src/cuda/mla_decode*): on sm_90a decode-shaped dense calls over
 // paged caches and sparse calls over the FP8 cache take them; DSA_FORCE_KERNEL=mma_sync keeps
 // the mma.sync kernels, which the tests below use as a second opinion on every row.
-struct ForceMmaSync {
-  ForceMmaSync() { setenv("DSA_FORCE_KERNEL", "mma_sync", 1); }
-  ~ForceMmaSync() { unsetenv("DSA_FORCE_KERNEL"); }
-};
 
 // Every row of two GPU results: lse within a small relative error (+inf exactly), outputs
 // within 4 bf16 steps of the row's largest magnitude (P enters both as bf16, the score order
