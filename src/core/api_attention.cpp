@@ -37,10 +37,22 @@ void check_common(core::ArgCheck& c, const TensorDesc& q, const TensorDesc& sink
   if (!c.ok()) return;
   const int64_t T = q.shape[0], H = q.shape[1];
   c.optional(sink, "attn_sink", {DType::kF32}, {{H, "H"}}, false);
-  c.tensor(out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kVDim, "512"}});
-  c.tensor(lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
+  c.output(out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kVDim, "512"}});
+  c.output(lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
+  c.disjoint(out, "out", q, "q").disjoint(lse, "lse", q, "q").disjoint(lse, "lse", out, "out");
+  c.disjoint(out, "out", sink, "attn_sink").disjoint(lse, "lse", sink, "attn_sink");
   c.require(std::isfinite(sm_scale) && sm_scale > 0.f, "sm_scale",
             "expected a finite value > 0, got " + std::to_string(sm_scale));
+}
+
+// out and lse must not share memory with any input.
+void check_outputs_disjoint(core::ArgCheck& c, const TensorDesc& out, const TensorDesc& lse, const MlaKv& kv,
+                            std::initializer_list<std::pair<const TensorDesc*, const char*>> inputs) {
+  const TensorDesc cache = core::cache_bytes(kv.paged);
+  for (const auto& o : {std::make_pair(&out, "out"), std::make_pair(&lse, "lse")}) {
+    c.disjoint(*o.first, o.second, kv.flat, "kv.flat").disjoint(*o.first, o.second, cache, "kv.paged");
+    for (const auto& in : inputs) c.disjoint(*o.first, o.second, *in.first, in.second);
+  }
 }
 
 bool cuda_device_of(const TensorDesc& q) { return q.device.type == DeviceType::kCUDA; }
@@ -55,6 +67,7 @@ Status validate_sparse(const SparseMlaParams& p, Device* dev) {
   check_kv(c, p.kv, on_cuda);
   c.tensor(p.indices, "indices", {DType::kI32}, {{T, "T"}, "K"}, false);
   c.optional(p.topk_length, "topk_length", {DType::kI32}, {{T, "T"}}, false);
+  check_outputs_disjoint(c, p.out, p.lse, p.kv, {{&p.indices, "indices"}, {&p.topk_length, "topk_length"}});
   if (!c.ok()) return c.status();
   const Device* cache_dev = p.kv.paged.data ? &p.kv.paged.device : nullptr;
   Status st = core::pick_device("sparse_mla",
@@ -96,6 +109,9 @@ Status validate_dense(const DenseMlaParams& p, Device* dev) {
     c.tensor(p.kv_lens, "kv_lens", {DType::kI32}, {{B, "B"}}, false);
     c.require(!p.cu_seqlens_k.present(), "cu_seqlens_k", "expected only with kv.flat (kv.paged was given)");
   }
+  check_outputs_disjoint(c, p.out, p.lse, p.kv,
+                         {{&p.cu_seqlens_q, "cu_seqlens_q"}, {&p.cu_seqlens_k, "cu_seqlens_k"},
+                          {&p.block_table, "block_table"}, {&p.kv_lens, "kv_lens"}});
   if (!c.ok()) return c.status();
   const Device* cache_dev = paged ? &p.kv.paged.device : nullptr;
   Status st = core::pick_device("dense_mla",
@@ -135,8 +151,9 @@ Status validate_dense(const DenseMlaParams& p, Device* dev) {
       kv_len = at(p.cu_seqlens_k, b + 1) - at(p.cu_seqlens_k, b);
     } else {
       kv_len = at(p.kv_lens, b);
-      c.require(kv_len >= 0 && kv_len <= max_blocks * page, "kv_lens",
-                "expected values in [0, max_blocks * page_size = " + num(max_blocks * page) + "], got kv_lens[" +
+      const int64_t cap = core::saturating_mul(max_blocks, page);
+      c.require(kv_len >= 0 && kv_len <= cap, "kv_lens",
+                "expected values in [0, max_blocks * page_size = " + num(cap) + "], got kv_lens[" +
                     num(b) + "] = " + num(kv_len));
       const int32_t* row = p.block_table.ptr<int32_t>() + b * p.block_table.stride[0];
       const int64_t used = (kv_len + page - 1) / page;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
 
 #include "core/arena.h"
 #include "core/step_layout.h"
@@ -90,7 +91,13 @@ const char* route_name(Route r) {
 Attention::Attention(const Plan& plan) : plan_(plan) {
   const core::HostStaging h = core::host_staging(plan);
   const size_t words = static_cast<size_t>(h.total_words());
-  route_.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
+  try {
+    route_.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
+  } catch (const std::bad_alloc&) {
+    status_ = Status(StatusCode::kOutOfMemory, std::string(kOp) + ": plan.config.max_seqs_per_step: cannot allocate the routes of " +
+                                                   num(plan.config.max_seqs_per_step) + " sequences");
+    return;
+  }
 #if defined(DSA_WITH_CUDA)
   if (plan.config.device.type == DeviceType::kCUDA) {
     int previous = 0;
@@ -122,7 +129,16 @@ Attention::Attention(const Plan& plan) : plan_(plan) {
   }
 #endif
   if (staging_ == nullptr) {
-    host_staging_.assign(words, 0);
+    // A plan's host staging can be larger than the host can give (huge max_seqs_per_step):
+    // that is a status, never an exception out of the constructor.
+    try {
+      host_staging_.assign(words, 0);
+    } catch (const std::bad_alloc&) {
+      status_ = Status(StatusCode::kOutOfMemory, std::string(kOp) + ": plan.host_bytes: cannot allocate " +
+                                                     num(static_cast<int64_t>(words * sizeof(int32_t))) +
+                                                     " bytes of host staging (lower max_seqs_per_step or max_tokens_per_step)");
+      return;
+    }
     staging_ = host_staging_.data();
   }
   // Tile table, constant for the plan: every tile but a row's last is full.
@@ -137,7 +153,8 @@ Attention::Attention(const Plan& plan) : plan_(plan) {
 
 Status Attention::create(const Plan& plan, std::unique_ptr<Attention>* out) {
   if (out == nullptr) return invalid("create: out: expected a non-null std::unique_ptr<Attention>*");
-  std::unique_ptr<Attention> a(new Attention(plan));
+  std::unique_ptr<Attention> a(new (std::nothrow) Attention(plan));
+  if (!a) return Status(StatusCode::kOutOfMemory, std::string(kOp) + ": create: cannot allocate the Attention object");
   if (!a->status().ok()) return a->status();
   *out = std::move(a);
   return Status::Ok();
@@ -444,6 +461,7 @@ Status Attention::step(const StepParams& p, StepReport* report) {
     mp.kind = IndexMapKind::kPaged;
     mp.block_table = p.block_table;
     mp.page_size = cfg.page_size;
+    mp.num_blocks = p.mla_cache.num_blocks;  // a table entry past the cache is an error, not a silent -1
     mp.out = out;
     mp.stream = p.stream;
     Status s = map_indices(mp);
