@@ -26,14 +26,6 @@ core::ArgCheck check_topk(const TopkParams& p) {
   c.tensor(p.lengths, "lengths", {DType::kI32}, {{M, "M"}}, false);
   c.output(p.indices, "indices", {DType::kI32}, {{M, "M"}, {p.k, "k"}});
   c.optional_output(p.values, "values", {DType::kF32}, {{M, "M"}, {p.k, "k"}});
-  c.disjoint(p.indices, "indices", p.logits, "logits").disjoint(p.indices, "indices", p.lengths, "lengths");
-  c.disjoint(p.values, "values", p.logits, "logits").disjoint(p.values, "values", p.lengths, "lengths");
-  c.disjoint(p.values, "values", p.indices, "indices");
-  if (c.ok() && p.workspace != nullptr && p.workspace_bytes > 0) {
-    const TensorDesc ws = make_tensor(p.workspace, DType::kU8, {static_cast<int64_t>(p.workspace_bytes)}, p.logits.device);
-    c.disjoint(ws, "workspace", p.logits, "logits").disjoint(ws, "workspace", p.lengths, "lengths");
-    c.disjoint(ws, "workspace", p.indices, "indices").disjoint(ws, "workspace", p.values, "values");
-  }
   return c;
 }
 
@@ -50,6 +42,15 @@ size_t topk_workspace_size(const TopkParams& p) {
 Status topk(const TopkParams& p) {
   const char* op = "topk";
   core::ArgCheck c = check_topk(p);
+  // Aliasing is checked by the op, not by the size query (which the planner runs on fake pointers).
+  c.disjoint(p.indices, "indices", p.logits, "logits").disjoint(p.indices, "indices", p.lengths, "lengths");
+  c.disjoint(p.values, "values", p.logits, "logits").disjoint(p.values, "values", p.lengths, "lengths");
+  c.disjoint(p.values, "values", p.indices, "indices");
+  if (c.ok() && p.workspace != nullptr && p.workspace_bytes > 0) {
+    const TensorDesc ws = make_tensor(p.workspace, DType::kU8, {static_cast<int64_t>(p.workspace_bytes)}, p.logits.device);
+    c.disjoint(ws, "workspace", p.logits, "logits").disjoint(ws, "workspace", p.lengths, "lengths");
+    c.disjoint(ws, "workspace", p.indices, "indices").disjoint(ws, "workspace", p.values, "values");
+  }
   if (!c.ok()) return c.status();
   Device dev;
   Status st = core::pick_device(op, {&p.logits, &p.lengths, &p.indices, &p.values}, &dev);

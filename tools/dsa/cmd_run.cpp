@@ -2,6 +2,7 @@
 // on a mixed batch in a model's geometry, on seeded random activations; the caches, the
 // selection and the attention outputs checked on sampled rows against a float64 reference.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -145,8 +146,11 @@ int parse(int argc, char** argv, RunOptions* o) {
     } else if (a == "--seed") {
       if (!value(&v)) return 2;
       char* end = nullptr;
-      o->seed = std::strtoull(v, &end, 10);
-      if (!end || *end) {
+      errno = 0;
+      // strtoull accepts "-1" (as 2^64 - 1): a sign is refused before it gets the chance.
+      const bool digits = v[0] >= '0' && v[0] <= '9';
+      o->seed = digits ? std::strtoull(v, &end, 10) : 0;
+      if (!digits || !end || *end || errno == ERANGE) {
         std::fprintf(stderr, "dsa run: --seed expects a non-negative integer\n");
         return 2;
       }
