@@ -75,7 +75,7 @@ Status validate_sparse(const SparseMlaParams& p, Device* dev, bool aliasing) {
   if (!c.ok()) return c.status();
   const Device* cache_dev = p.kv.paged.data ? &p.kv.paged.device : nullptr;
   Status st = core::pick_device("sparse_mla",
-                                {&p.q, &p.kv.flat, &p.indices, &p.topk_length, &p.attn_sink, &p.out, &p.lse},
+                                {{&p.q, "q"}, {&p.kv.flat, "kv.flat"}, {&p.indices, "indices"}, {&p.topk_length, "topk_length"}, {&p.attn_sink, "attn_sink"}, {&p.out, "out"}, {&p.lse, "lse"}},
                                 dev, {cache_dev});
   if (!st.ok()) return st;
   if (dev->type == DeviceType::kCPU && p.topk_length.present()) {
@@ -121,8 +121,8 @@ Status validate_dense(const DenseMlaParams& p, Device* dev, bool aliasing) {
   if (!c.ok()) return c.status();
   const Device* cache_dev = paged ? &p.kv.paged.device : nullptr;
   Status st = core::pick_device("dense_mla",
-                                {&p.q, &p.kv.flat, &p.cu_seqlens_q, &p.cu_seqlens_k, &p.block_table,
-                                 &p.kv_lens, &p.attn_sink, &p.out, &p.lse},
+                                {{&p.q, "q"}, {&p.kv.flat, "kv.flat"}, {&p.cu_seqlens_q, "cu_seqlens_q"}, {&p.cu_seqlens_k, "cu_seqlens_k"}, {&p.block_table, "block_table"},
+                                 {&p.kv_lens, "kv_lens"}, {&p.attn_sink, "attn_sink"}, {&p.out, "out"}, {&p.lse, "lse"}},
                                 dev, {cache_dev});
   if (!st.ok() || dev->type != DeviceType::kCPU) return st;
 

@@ -102,8 +102,8 @@ Status write_indexer_cache(const WriteIndexerCacheParams& p) {
   if (!c.ok()) return c.status();
   Device dev;
   Status st = core::pick_device(op,
-                                {&p.k, &p.k_scale, &p.where.slots, &p.where.block_table,
-                                 &p.where.token_seq, &p.where.token_pos},
+                                {{&p.k, "k"}, {&p.k_scale, "k_scale"}, {&p.where.slots, "where.slots"}, {&p.where.block_table, "where.block_table"},
+                                 {&p.where.token_seq, "where.token_seq"}, {&p.where.token_pos, "where.token_pos"}},
                                 &dev, {&p.cache.device});
   if (!st.ok()) return st;
   st = check_where_contents(op, p.where, T, p.cache.num_blocks, p.cache.page_size);
@@ -129,8 +129,8 @@ Status write_mla_cache(const WriteMlaCacheParams& p) {
   if (!c.ok()) return c.status();
   Device dev;
   Status st = core::pick_device(op,
-                                {&p.kv_c, &p.k_pe, &p.where.slots, &p.where.block_table,
-                                 &p.where.token_seq, &p.where.token_pos},
+                                {{&p.kv_c, "kv_c"}, {&p.k_pe, "k_pe"}, {&p.where.slots, "where.slots"}, {&p.where.block_table, "where.block_table"},
+                                 {&p.where.token_seq, "where.token_seq"}, {&p.where.token_pos, "where.token_pos"}},
                                 &dev, {&p.cache.device});
   if (!st.ok()) return st;
   st = check_where_contents(op, p.where, T, p.cache.num_blocks, p.cache.page_size);
@@ -149,7 +149,7 @@ Status read_mla_cache(const ReadMlaCacheParams& p) {
   c.disjoint(p.out, "out", core::cache_bytes(p.cache), "cache").disjoint(p.out, "out", p.slots, "slots");
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.slots, &p.out}, &dev, {&p.cache.device});
+  Status st = core::pick_device(op, {{&p.slots, "slots"}, {&p.out, "out"}}, &dev, {&p.cache.device});
   if (!st.ok()) return st;
   CacheSlots where;
   where.slots = p.slots;

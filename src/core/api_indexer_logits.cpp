@@ -47,7 +47,7 @@ Status indexer_logits(const IndexerLogitsParams& p) {
   c.disjoint(p.logits, "logits", p.ks, "ks").disjoint(p.logits, "logits", p.ke, "ke");
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.q, &p.weights, &p.k, &p.k_scale, &p.ks, &p.ke, &p.logits}, &dev);
+  Status st = core::pick_device(op, {{&p.q, "q"}, {&p.weights, "weights"}, {&p.k, "k"}, {&p.k_scale, "k_scale"}, {&p.ks, "ks"}, {&p.ke, "ke"}, {&p.logits, "logits"}}, &dev);
   if (!st.ok()) return st;
   if (dev.type == DeviceType::kCPU) {
     for (int64_t i = 0; i < M && c.ok(); ++i) {
@@ -98,8 +98,8 @@ Status indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   c.disjoint(p.logits, "logits", p.row_seq, "row_seq").disjoint(p.logits, "logits", p.row_len, "row_len");
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.q, &p.weights, &p.block_table, &p.kv_lens, &p.row_seq,
-                                     &p.row_len, &p.logits}, &dev, {&p.cache.device});
+  Status st = core::pick_device(op, {{&p.q, "q"}, {&p.weights, "weights"}, {&p.block_table, "block_table"}, {&p.kv_lens, "kv_lens"}, {&p.row_seq, "row_seq"},
+                                     {&p.row_len, "row_len"}, {&p.logits, "logits"}}, &dev, {&p.cache.device});
   if (!st.ok()) return st;
   if (dev.type == DeviceType::kCPU) {
     const int64_t page = p.cache.page_size;

@@ -45,7 +45,7 @@ Status quantize_fp8(const QuantizeFp8Params& p) {
   c.disjoint(p.out, "out", p.x, "x").disjoint(p.scale, "scale", p.x, "x").disjoint(p.scale, "scale", p.out, "out");
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.x, &p.out, &p.scale}, &dev);
+  Status st = core::pick_device(op, {{&p.x, "x"}, {&p.out, "out"}, {&p.scale, "scale"}}, &dev);
   if (!st.ok()) return st;
   return core::backend_status(op, dev, DSA_DISPATCH(dev, quantize_fp8, p));
 }
@@ -74,7 +74,7 @@ Status prepare_indexer_q(const PrepareIndexerQParams& p) {
   if (!c.ok()) return c.status();
   Device dev;
   Status st = core::pick_device(
-      op, {&p.q, &p.weights, &p.positions, &p.cos_sin, &p.q_out, &p.weights_out, &p.q_scale}, &dev);
+      op, {{&p.q, "q"}, {&p.weights, "weights"}, {&p.positions, "positions"}, {&p.cos_sin, "cos_sin"}, {&p.q_out, "q_out"}, {&p.weights_out, "weights_out"}, {&p.q_scale, "q_scale"}}, &dev);
   if (!st.ok()) return st;
   st = check_positions(op, p.positions, p.cos_sin.shape[0]);
   if (!st.ok()) return st;
@@ -99,7 +99,7 @@ Status prepare_indexer_k(const PrepareIndexerKParams& p) {
   c.disjoint(p.k_out, "k_out", p.k_scale, "k_scale");
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.k, &p.positions, &p.cos_sin, &p.k_out, &p.k_scale}, &dev);
+  Status st = core::pick_device(op, {{&p.k, "k"}, {&p.positions, "positions"}, {&p.cos_sin, "cos_sin"}, {&p.k_out, "k_out"}, {&p.k_scale, "k_scale"}}, &dev);
   if (!st.ok()) return st;
   st = check_positions(op, p.positions, p.cos_sin.shape[0]);
   if (!st.ok()) return st;

@@ -53,7 +53,7 @@ Status topk(const TopkParams& p) {
   }
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.logits, &p.lengths, &p.indices, &p.values}, &dev);
+  Status st = core::pick_device(op, {{&p.logits, "logits"}, {&p.lengths, "lengths"}, {&p.indices, "indices"}, {&p.values, "values"}}, &dev);
   if (!st.ok()) return st;
   if (dev.type == DeviceType::kCPU) {
     const int64_t M = p.logits.shape[0], W = p.logits.shape[1];
@@ -122,7 +122,7 @@ Status map_indices(const MapIndicesParams& p) {
   }
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.indices, &p.out, &p.row_seq, &p.kv_start, &p.block_table}, &dev);
+  Status st = core::pick_device(op, {{&p.indices, "indices"}, {&p.out, "out"}, {&p.row_seq, "row_seq"}, {&p.kv_start, "kv_start"}, {&p.block_table, "block_table"}}, &dev);
   if (!st.ok()) return st;
   if (dev.type == DeviceType::kCPU) {
     for (int64_t i = 0; p.row_seq.present() && i < M; ++i) {

@@ -319,30 +319,38 @@ ArgCheck& ArgCheck::require(bool cond, const char* name, const std::string& expe
   return *this;
 }
 
-Status pick_device(const char* op, std::initializer_list<const TensorDesc*> tensors,
+Status pick_device(const char* op, std::initializer_list<NamedTensor> tensors,
                    Device* device, std::initializer_list<const Device*> extra) {
   bool have = false;
   Device d{};
-  auto see = [&](Device x) -> bool {
-    if (!have) { d = x; have = true; return true; }
-    return x == d;
-  };
-  for (const TensorDesc* t : tensors) {
+  const char* first = nullptr;
+  for (const NamedTensor& nt : tensors) {
+    const TensorDesc* t = nt.t;
     if (t == nullptr || !t->present()) continue;
-    if (!see(t->device)) {
+    if (!have) {
+      d = t->device;
+      have = true;
+      first = nt.name;
+      continue;
+    }
+    if (t->device != d) {
       return Status(StatusCode::kInvalidArgument,
-                    std::string(op) + ": tensors are on different devices (" +
-                        device_string(d) + " and " + device_string(t->device) +
-                        "); expected all on one device");
+                    std::string(op) + ": " + nt.name + ": expected on " + device_string(d) + " like " + first +
+                        ", got " + device_string(t->device) + " (all tensors of a call on one device)");
     }
   }
   for (const Device* x : extra) {
     if (x == nullptr) continue;
-    if (!see(*x)) {
+    if (!have) {
+      d = *x;
+      have = true;
+      continue;
+    }
+    if (*x != d) {
       return Status(StatusCode::kInvalidArgument,
-                    std::string(op) + ": the cache is on " + device_string(*x) +
-                        " but the tensors are on " + device_string(d) +
-                        "; expected all on one device");
+                    std::string(op) + ": cache: expected on " + device_string(d) + " like " +
+                        (first ? first : "the tensors") + ", got " + device_string(*x) +
+                        " (all tensors of a call on one device)");
     }
   }
   *device = d;

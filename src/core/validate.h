@@ -91,7 +91,11 @@ class ArgCheck {
 
 // Every present tensor must be on one device; that device picks the backend. Fails with
 // kUnsupported when the device's backend is not compiled in or the device is not there.
-Status pick_device(const char* op, std::initializer_list<const TensorDesc*> tensors,
+struct NamedTensor {
+  const TensorDesc* t;
+  const char* name;
+};
+Status pick_device(const char* op, std::initializer_list<NamedTensor> tensors,
                    Device* device, std::initializer_list<const Device*> extra = {});
 
 // Turns a backend (tier 1) code into a message for `op` on `device`.
