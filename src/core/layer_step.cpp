@@ -93,7 +93,7 @@ Attention::Attention(const Plan& plan) : plan_(plan) {
   const size_t words = static_cast<size_t>(h.total_words());
   try {
     route_.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
-  } catch (const std::bad_alloc&) {
+  } catch (const std::exception&) {  // std::bad_alloc, or std::length_error past max_size()
     status_ = Status(StatusCode::kOutOfMemory, std::string(kOp) + ": plan.config.max_seqs_per_step: cannot allocate the routes of " +
                                                    num(plan.config.max_seqs_per_step) + " sequences");
     return;
@@ -133,7 +133,7 @@ Attention::Attention(const Plan& plan) : plan_(plan) {
     // that is a status, never an exception out of the constructor.
     try {
       host_staging_.assign(words, 0);
-    } catch (const std::bad_alloc&) {
+    } catch (const std::exception&) {  // std::bad_alloc, or std::length_error past max_size()
       status_ = Status(StatusCode::kOutOfMemory, std::string(kOp) + ": plan.host_bytes: cannot allocate " +
                                                      num(static_cast<int64_t>(words * sizeof(int32_t))) +
                                                      " bytes of host staging (lower max_seqs_per_step or max_tokens_per_step)");
