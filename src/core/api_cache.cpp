@@ -30,7 +30,7 @@ void check_where_shapes(core::ArgCheck& c, const CacheSlots& w, int64_t T) {
 
 // For host tensors: every slot the op will touch lies inside the cache.
 Status check_where_contents(const char* op, const CacheSlots& w, int64_t T, int64_t num_blocks,
-                            int64_t page_size) {
+                            int64_t page_size, const char* slots_name = "where.slots") {
   const int64_t num_slots = core::saturating_mul(num_blocks, page_size);
   if (w.slots.present()) {
     if (w.slots.device.type != DeviceType::kCPU) return Status::Ok();
@@ -39,7 +39,7 @@ Status check_where_contents(const char* op, const CacheSlots& w, int64_t T, int6
       int64_t v = s[t * w.slots.stride[0]];
       if (v < -1 || v >= num_slots) {
         return Status(StatusCode::kInvalidArgument,
-                      fail_msg(op, "where.slots",
+                      fail_msg(op, slots_name,
                                "expected -1 (skip) or 0 <= slot < num_slots = " +
                                    std::to_string(num_slots) + ", got slots[" + std::to_string(t) +
                                    "] = " + std::to_string(v)));
@@ -153,7 +153,7 @@ Status read_mla_cache(const ReadMlaCacheParams& p) {
   if (!st.ok()) return st;
   CacheSlots where;
   where.slots = p.slots;
-  st = check_where_contents(op, where, T, p.cache.num_blocks, p.cache.page_size);
+  st = check_where_contents(op, where, T, p.cache.num_blocks, p.cache.page_size, "slots");
   if (!st.ok()) return st;
   return core::backend_status(op, dev, DSA_DISPATCH(dev, read_mla_cache, p));
 }
