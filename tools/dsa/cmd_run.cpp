@@ -65,7 +65,7 @@ void run_usage(FILE* f) {
       "  --hadamard           Hadamard-128 on indexer q and k before FP8\n"
       "  --score-budget SIZE  scoring budget, B/KiB/MiB/GiB             (default 512MiB)\n"
       "  --backend NAME       cpu | cuda | auto (auto: cuda when built and a device is visible)\n"
-      "  --seed N             seed of the random activations            (default 1)\n"
+      "  --seed N             seed of the random activations (non-negative; default 1)\n"
       "  --samples N          rows checked per sampled check            (default 4)\n"
       "  --threads N          CPU threads (default: all)\n"
       "  --repeat N           run the step N times, report the fastest (default 1; the step is\n"
