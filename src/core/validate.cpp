@@ -336,7 +336,7 @@ Status pick_device(const char* op, std::initializer_list<NamedTensor> tensors,
     if (t->device != d) {
       return Status(StatusCode::kInvalidArgument,
                     std::string(op) + ": " + nt.name + ": expected on " + device_string(d) + " like " + first +
-                        ", got " + device_string(t->device) + " (all tensors of a call on one device)");
+                        ", got " + device_string(t->device) + " (tensors on different devices; expected all on one device)");
     }
   }
   for (const Device* x : extra) {
@@ -350,7 +350,7 @@ Status pick_device(const char* op, std::initializer_list<NamedTensor> tensors,
       return Status(StatusCode::kInvalidArgument,
                     std::string(op) + ": cache: expected on " + device_string(d) + " like " +
                         (first ? first : "the tensors") + ", got " + device_string(*x) +
-                        " (all tensors of a call on one device)");
+                        " (tensors on different devices; expected all on one device)");
     }
   }
   *device = d;
