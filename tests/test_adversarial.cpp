@@ -70,6 +70,7 @@ void tensor_cases(std::vector<Case<F>>* out, const std::string& name, std::funct
                     if (t.ndim < kMaxDims) { t.shape[t.ndim] = 1; t.stride[t.ndim] = 1; ++t.ndim; }
                     else { --t.ndim; }
                   }, inv, {name, "shape"}});
+  out->push_back({name + " ndim past kMaxDims", [get](F& f) { get(f).ndim = kMaxDims + 3; }, inv, {name, "dims"}});
   if (!role.optional) out->push_back({name + " missing", [get](F& f) { get(f) = TensorDesc{}; }, inv, {name}});
   if (role.fixed_dim >= 0) {
     out->push_back({name + " wrong size in dim " + std::to_string(role.fixed_dim), [get, role](F& f) {

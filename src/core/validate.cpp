@@ -13,7 +13,7 @@ namespace core {
 // machinery of whatever C++ runtime a host process (a Python interpreter with torch) loaded.
 std::string shape_string(const TensorDesc& t) {
   std::string s = "[";
-  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  for (int i = 0; i < std::min(t.ndim, kMaxDims); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
   return s + "]";
 }
 
@@ -122,7 +122,7 @@ void ArgCheck::fail(StatusCode code, const char* name, const std::string& what) 
 
 static std::string stride_string(const TensorDesc& t) {
   std::string s = "[";
-  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.stride[i]);
+  for (int i = 0; i < std::min(t.ndim, kMaxDims); ++i) s += (i ? ", " : "") + std::to_string(t.stride[i]);
   return s + "]";
 }
 
@@ -146,6 +146,11 @@ ArgCheck& ArgCheck::tensor(const TensorDesc& t, const char* name,
   if (!t.present()) {
     fail(StatusCode::kInvalidArgument, name,
          "is required (expected a tensor of shape " + dims_string(dims, true) + ")");
+    return *this;
+  }
+  if (t.ndim > kMaxDims) {  // a descriptor no DSA op reads (shape[] holds kMaxDims dims)
+    fail(StatusCode::kInvalidArgument, name,
+         "expected at most " + std::to_string(kMaxDims) + " dims, got ndim = " + std::to_string(t.ndim));
     return *this;
   }
   bool dtype_ok = false;
