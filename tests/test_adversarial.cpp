@@ -600,3 +600,14 @@ TEST(Adversarial, AttentionConstructionFailureIsAStatus) {
 }
 
 }  // namespace
+
+namespace {
+TEST(Adversarial, ThreadCountPastTheCapIsRefused) {
+  const int before = num_threads();
+  const Status s = set_num_threads(kMaxCpuThreads + 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("set_num_threads: n"), std::string::npos) << s.message();
+  EXPECT_EQ(num_threads(), before);
+  DSA_ASSERT_OK(set_num_threads(0));
+}
+}  // namespace

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "dsa/dsa.h"
 #include "dsa/layer.h"
@@ -36,9 +37,21 @@ void check(const dsa::Status& s) {
   }
 }
 
+// d[key] as T, or fallback when absent / None; a value that does not convert (a string for an
+// int, an int past the field's range) is a TypeError naming the key.
 template <typename T>
 T get(const py::dict& d, const char* key, T fallback) {
-  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+  if (!d.contains(key) || d[key].is_none()) return fallback;
+  try {
+    return d[key].cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::type_error("plan: " + std::string(key) + ": expected " +
+                         (std::is_same<T, std::string>::value ? "a string"
+                          : std::is_same<T, bool>::value      ? "a bool"
+                          : std::is_floating_point<T>::value  ? "a number"
+                                                              : "an integer in range (" + std::to_string(sizeof(T) * 8) + "-bit)") +
+                         ", got " + py::repr(d[key]).cast<std::string>());
+  }
 }
 
 dsa::ModelGeometry geometry_from(const py::object& g) {

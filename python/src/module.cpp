@@ -88,7 +88,7 @@ PYBIND11_MODULE(_dsa, m) {
   m.def("version", [] { return std::string(dsa::version()); });
   m.def("compiled_backends", &dsa::compiled_backends);
   m.def("cuda_available", &dsa::cuda_available);
-  m.def("set_num_threads", &dsa::set_num_threads, py::arg("n"));
+  m.def("set_num_threads", [](int n) { check(dsa::set_num_threads(n)); }, py::arg("n"));
   m.def("num_threads", &dsa::num_threads);
   m.def("list_devices", [] {
     py::list out;

@@ -373,3 +373,18 @@ def test_sparse_mla_property_invalid_indices_never_reach_the_output(T, H, S, K, 
             assert (out[t] == 0).all() and np.isposinf(lse[t]).all()
         else:
             assert np.isfinite(lse[t]).all()
+
+
+def test_found_while_probing():
+    # An out-of-range geometry field was an opaque pybind11 RuntimeError.
+    with raises(TypeError, "plan", "num_heads"):
+        dsa.plan(dict(name="deepseek-v3.2", num_heads=2**40))
+    # A thread count past the cap was accepted (and would start that many threads).
+    with raises(ValueError, "set_num_threads", "n"):
+        dsa.set_num_threads(10**6)
+    n = dsa.num_threads()
+    dsa.set_num_threads(0)
+    assert dsa.num_threads() == n  # the default, unchanged
+    # read_mla_cache named its slots argument "where.slots".
+    with raises(ValueError, "read_mla_cache", "slots"):
+        dsa.read_mla_cache(np.zeros((2, 64, 576), np.uint16), np.array([-5], np.int64))
