@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check: build with the CUDA backend, run the CPU and GPU tests, compute-sanitizer
-# (memcheck, racecheck) on a subset, the short benchmarks, and write logs plus a summary.
+# (memcheck, racecheck, initcheck) on a subset, the short benchmarks, and write logs plus a summary.
 #
 #   OUT=/some/dir scripts/gpu-check.sh        (from the repo root; OUT defaults to ./gpu-check-out)
 #
@@ -13,8 +13,9 @@
 # $OUT/joined.md, draws $OUT/layer_prefill.png and prints the joined table at the end.
 # DSA_CHECK_SKIP="memcheck racecheck py_tests ..." skips the named steps (device time).
 # Needs: CMake >= 3.24, a CUDA toolkit (nvcc), a C++17 compiler; GoogleTest from the system or
-# from sources in .deps/googletest. Sanitizer subsets: scripts/sanitizer-memcheck.txt and
-# scripts/sanitizer-racecheck.txt (one gtest filter pattern per line).
+# from sources in .deps/googletest. Sanitizer subsets: scripts/sanitizer-memcheck.txt,
+# scripts/sanitizer-racecheck.txt and scripts/sanitizer-initcheck.txt (one gtest filter
+# pattern per line).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd)
@@ -148,17 +149,23 @@ for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer
 done
 MEMCHECK_FILTER=$(filter_from scripts/sanitizer-memcheck.txt)
 RACECHECK_FILTER=$(filter_from scripts/sanitizer-racecheck.txt)
+INITCHECK_FILTER=$(filter_from scripts/sanitizer-initcheck.txt)
 if [ -z "$SAN" ]; then
   skip memcheck "compute-sanitizer not found"
   skip racecheck "compute-sanitizer not found"
+  skip initcheck "compute-sanitizer not found"
 elif [ ! -x "$GPU_TESTS" ]; then
   skip memcheck "dsa_gpu_tests not built"
   skip racecheck "dsa_gpu_tests not built"
+  skip initcheck "dsa_gpu_tests not built"
 else
   step memcheck 110 "$SAN" --tool memcheck --error-exitcode 86 --leak-check no \
     "$GPU_TESTS" --gtest_filter="${MEMCHECK_FILTER:-Gpu*}"
   step racecheck 80 "$SAN" --tool racecheck --racecheck-report hazard --error-exitcode 86 \
     "$GPU_TESTS" --gtest_filter="${RACECHECK_FILTER:-Gpu*}"
+  # initcheck: device memory read before anything wrote it (uninitialised workspace/scratch).
+  step initcheck 80 "$SAN" --tool initcheck --error-exitcode 86 \
+    "$GPU_TESTS" --gtest_filter="${INITCHECK_FILTER:-Gpu*}"
 fi
 
 # ---- the Python module with the machine's torch (CUDA tensors, streams, compile, graphs) --

@@ -8,7 +8,7 @@
 set -euo pipefail
 
 # The Python module builds for Debian's /usr/bin/python3 against Debian's pybind11 and numpy.
-packages=(cmake g++ make libgtest-dev libbenchmark-dev libopenblas-dev pybind11-dev python3-dev python3-numpy python3-pytest)
+packages=(cmake g++ make libgtest-dev libbenchmark-dev libopenblas-dev pybind11-dev python3-dev python3-numpy python3-pytest python3-hypothesis)
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
   echo "setup-deps: no apt on this machine; install these yourself: ${packages[*]}" >&2
