@@ -49,11 +49,11 @@ Status validate(const DenseMhaPrefillParams& p, Shape* s) {
   c.require(nope > 0 && nope % 16 == 0, "q_nope",
             "expected qk_nope a positive multiple of 16, got " + num(nope));
   c.tensor(p.q_pe, "q_pe", {p.q_nope.dtype}, {{T, "T"}, {H, "H"}, {core::kMhaRopeDim, "64"}});
-  c.tensor(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, "v"});
+  c.output(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, "v"});
   if (!c.ok()) return c.status();
   const int64_t v = p.out.shape[2];
   c.require(v > 0 && v % 16 == 0, "out", "expected v (its last dim) a positive multiple of 16, got " + num(v));
-  c.tensor(p.lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
+  c.output(p.lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
   c.optional(p.attn_sink, "attn_sink", {DType::kF32}, {{H, "H"}}, false);
   c.require(std::isfinite(p.sm_scale) && p.sm_scale > 0.f, "sm_scale",
             "expected a finite value > 0, got " + std::to_string(p.sm_scale));
@@ -76,8 +76,9 @@ Status validate(const DenseMhaPrefillParams& p, Shape* s) {
   c.optional(p.kv_lens_host, "kv_lens_host", {DType::kI32}, {{B, "B"}}, false);
   if (!c.ok()) return c.status();
   Status st = core::pick_device("dense_mha_prefill",
-                                {&p.q_nope, &p.q_pe, &p.block_table, &p.kv_lens, &p.cu_seqlens_q, &p.kv_b_proj,
-                                 &p.attn_sink, &p.out, &p.lse},
+                                {{&p.q_nope, "q_nope"}, {&p.q_pe, "q_pe"}, {&p.block_table, "block_table"},
+                                 {&p.kv_lens, "kv_lens"}, {&p.cu_seqlens_q, "cu_seqlens_q"}, {&p.kv_b_proj, "kv_b_proj"},
+                                 {&p.attn_sink, "attn_sink"}, {&p.out, "out"}, {&p.lse, "lse"}},
                                 &s->dev, {&p.cache.device});
   if (!st.ok()) return st;
   if (p.kv_lens_host.present() && p.kv_lens_host.device.type != DeviceType::kCPU)
