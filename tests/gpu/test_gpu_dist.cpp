@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <numeric>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -11,6 +13,7 @@
 
 #include "dist_cases.h"
 #include "gpu_util.h"
+#include "step_batch.h"
 
 #include "dsa/dsa.h"
 
@@ -79,6 +82,7 @@ TEST(GpuDist, TopkEqualsSingleRankTopk) {
           DeviceBuffer ws(dist::dist_topk_workspace_size(p, R), 0x7F);
           p.workspace = ws.data();
           p.workspace_bytes = ws.size();
+          cudaDeviceSynchronize();  // the uploads (legacy stream) before work on the non-blocking one
           st[r] = dist::dist_topk(p, *g[r]);
           cudaStreamSynchronize(s);
           idx[r] = di.download<int32_t>();
@@ -156,6 +160,7 @@ TEST(GpuDist, LseMergeMatchesCpu) {
           DeviceBuffer ws(dist::lse_merge_workspace_size(m, R));
           m.workspace = ws.data();
           m.workspace_bytes = ws.size();
+          cudaDeviceSynchronize();
           st2[r] = dist::lse_merge(m, *g[r]);
           cudaStreamSynchronize(s);
           gpu_out[r] = dout.download<float>();
@@ -182,6 +187,167 @@ TEST(GpuDist, LseMergeMatchesCpu) {
                 << "R=" << R << " row " << th << " d " << d;
         }
       }
+    }
+  }
+}
+
+// ---- CP prefill on one GPU -------------------------------------------------------------------
+
+namespace sb = dsa_gpu_test::step_batch;
+
+struct GpuStepOut {
+  Status status;
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+  std::vector<int32_t> indices;
+  std::vector<uint8_t> mla, idx;
+};
+
+template <typename T>
+std::vector<T> rows_of(const std::vector<T>& x, int64_t width, const std::vector<int64_t>& rows) {
+  std::vector<T> y;
+  for (int64_t r : rows) y.insert(y.end(), x.begin() + r * width, x.begin() + (r + 1) * width);
+  if (y.empty()) y.assign(static_cast<size_t>(width), T{});
+  return y;
+}
+
+// One layer step on the device: single rank (comm null, rows = all) or this rank's CP step.
+GpuStepOut gpu_layer(sb::Batch& b, IndexerRole role, const std::vector<int64_t>& rows,
+                     const std::vector<int32_t>* indices_in, dist::Communicator* comm) {
+  GpuStepOut r;
+  const int64_t Tl = static_cast<int64_t>(rows.size()), K = sb::kK, H = sb::kH, Hi = sb::kHi;
+  PlannerConfig cfg;
+  cfg.geometry = sb::tiny();
+  cfg.page_size = sb::kPage;
+  cfg.max_tokens_per_step = std::max<int64_t>(b.T, 1);
+  cfg.max_seqs_per_step = std::max<int64_t>(b.B, 1);
+  cfg.max_context = std::max<int64_t>(b.max_kv, 1);
+  cfg.device = cuda_device(0);
+  if (comm) cfg = dist::cp_rank_config(cfg, comm->size());
+  Plan plan;
+  r.status = make_plan(cfg, &plan);
+  if (!r.status.ok()) return r;
+  Attention attn(plan);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  DeviceBuffer bt(b.block_table), mla(b.mla), idx(b.idx), cs(b.cos_sin);
+  DeviceBuffer kv_c(rows_of(b.kv_c, 512, rows)), k_pe(rows_of(b.k_pe, 64, rows)), q(rows_of(b.q, H * 576, rows));
+  DeviceBuffer iq(rows_of(b.iq, Hi * 128, rows)), ik(rows_of(b.ik, 128, rows)), iw(rows_of(b.iw, Hi, rows));
+  const int64_t Tn = std::max<int64_t>(Tl, 1);
+  DeviceBuffer out(static_cast<size_t>(Tn * H * 512) * 2, 0xFF), lse(static_cast<size_t>(Tn * H) * 4, 0xFF);
+  DeviceBuffer ind(static_cast<size_t>(Tn * K) * 4, 0xEE);
+  std::vector<int32_t> in_h = indices_in ? *indices_in : std::vector<int32_t>(static_cast<size_t>(Tn * K), -1);
+  in_h.resize(static_cast<size_t>(Tn * K), -1);
+  DeviceBuffer in_d(in_h);
+  DeviceBuffer ws(static_cast<size_t>(plan.workspace_bytes));
+  StepParams p;
+  p.role = role;
+  p.q_lens = make_tensor(b.q_lens.data(), DType::kI32, {b.B});
+  p.kv_lens = make_tensor(b.kv_lens.data(), DType::kI32, {b.B});
+  p.block_table = dev_tensor(bt, DType::kI32, {b.B, b.max_blocks});
+  p.kv_c = dev_tensor(kv_c, DType::kBF16, {Tl, 512});
+  p.k_pe = dev_tensor(k_pe, DType::kBF16, {Tl, 64});
+  p.q = dev_tensor(q, DType::kBF16, {Tl, H, 576});
+  p.index_q = dev_tensor(iq, DType::kF32, {Tl, Hi, 128});
+  p.index_k = dev_tensor(ik, DType::kF32, {Tl, 128});
+  p.index_w = dev_tensor(iw, DType::kF32, {Tl, Hi});
+  p.cos_sin = dev_tensor(cs, DType::kF32, {sb::kMaxPos, 64});
+  p.mla_cache.data = mla.data();
+  p.mla_cache.num_blocks = b.num_blocks;
+  p.mla_cache.page_size = sb::kPage;
+  p.mla_cache.device = cuda_device(0);
+  if (role != IndexerRole::kShared) {
+    p.index_cache.data = idx.data();
+    p.index_cache.num_blocks = b.num_blocks;
+    p.index_cache.page_size = sb::kPage;
+    p.index_cache.device = cuda_device(0);
+    p.indices_out = dev_tensor(ind, DType::kI32, {Tl, K});
+  } else {
+    p.indices_in = dev_tensor(in_d, DType::kI32, {Tl, K});
+  }
+  p.out = dev_tensor(out, DType::kBF16, {Tl, H, 512});
+  p.lse = dev_tensor(lse, DType::kF32, {Tl, H});
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
+  p.stream = s;
+  cudaDeviceSynchronize();  // the uploads (legacy stream) before work on the non-blocking one
+  if (!comm) {
+    r.status = attn.step(p);
+  } else {
+    dist::ContextParallel cp(plan, comm);
+    DeviceBuffer cws(static_cast<size_t>(dist::cp_workspace_size(plan, comm->size())));
+    dist::CpStepParams c;
+    c.step = p;
+    c.q_lens = p.q_lens;
+    c.kv_lens = p.kv_lens;
+    c.cp_workspace = cws.data();
+    c.cp_workspace_bytes = cws.size();
+    r.status = cp.step(attn, c);
+    cudaStreamSynchronize(s);
+  }
+  cudaStreamSynchronize(s);
+  r.out = out.download<uint16_t>();
+  r.lse = lse.download<float>();
+  r.indices = ind.download<int32_t>();
+  r.mla = mla.download<uint8_t>();
+  r.idx = idx.download<uint8_t>();
+  cudaStreamDestroy(s);
+  return r;
+}
+
+TEST(GpuDist, CpPrefillEqualsSingleRankStep) {
+  DSA_REQUIRE_GPU();
+  sb::Batch b = sb::make_batch({{300, 300}, {150, 400}, {40, 40}, {3, 90}}, 21);
+  std::vector<int64_t> all(static_cast<size_t>(b.T));
+  std::iota(all.begin(), all.end(), 0);
+  const int64_t K = sb::kK, H = sb::kH;
+  GpuStepOut ref = gpu_layer(b, IndexerRole::kFull, all, nullptr, nullptr);
+  ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
+  GpuStepOut ref_sh = gpu_layer(b, IndexerRole::kShared, all, &ref.indices, nullptr);
+  ASSERT_TRUE(ref_sh.status.ok()) << ref_sh.status.to_string();
+  for (int R : {1, 2, 3, 4}) {
+    std::vector<std::unique_ptr<dist::Communicator>> g;
+    ASSERT_TRUE(dist::make_local_group(R, cuda_device(0), &g).ok());
+    std::vector<std::vector<int64_t>> rows(R);
+    std::vector<int64_t> start(static_cast<size_t>(b.B), 0);
+    for (int64_t s = 1; s < b.B; ++s) start[s] = start[s - 1] + b.q_lens[s - 1];
+    for (int r = 0; r < R; ++r) {
+      std::vector<dist::CpPiece> pc;
+      ASSERT_TRUE(dist::cp_shard(b.q_lens.data(), b.kv_lens.data(), b.B, K, R, r, &pc).ok());
+      for (const auto& p : pc)
+        for (int32_t i = 0; i < p.q_len; ++i) rows[r].push_back(start[p.seq] + p.q_begin + i);
+    }
+    std::vector<GpuStepOut> full(R), sh(R);
+    run_ranks(R, [&](int r) {
+      full[r] = gpu_layer(b, IndexerRole::kFull, rows[r], nullptr, g[r].get());
+      if (full[r].status.ok()) sh[r] = gpu_layer(b, IndexerRole::kShared, rows[r], &full[r].indices, g[r].get());
+    });
+    ASSERT_TRUE(dsa_gpu_test::device_clean());
+    for (int r = 0; r < R; ++r) {
+      ASSERT_TRUE(full[r].status.ok()) << full[r].status.to_string();
+      ASSERT_TRUE(sh[r].status.ok()) << sh[r].status.to_string();
+      EXPECT_TRUE(full[r].mla == ref.mla) << "R=" << R << " rank " << r << ": MLA cache differs";
+      EXPECT_TRUE(full[r].idx == ref.idx) << "R=" << R << " rank " << r << ": indexer cache differs";
+      int64_t differing = 0;
+      for (size_t j = 0; j < rows[r].size(); ++j) {
+        const int64_t t = rows[r][j];
+        ASSERT_EQ(0, std::memcmp(full[r].indices.data() + j * K, ref.indices.data() + t * K, K * 4))
+            << "R=" << R << " rank " << r << " token " << t << ": indices";
+        for (auto [got, want] : {std::pair<GpuStepOut*, GpuStepOut*>{&full[r], &ref}, {&sh[r], &ref_sh}}) {
+          for (int64_t e = 0; e < H * 512; ++e) {
+            const float a = dsa::bf16_to_float(got->out[j * H * 512 + e]);
+            const float w = dsa::bf16_to_float(want->out[t * H * 512 + e]);
+            differing += got->out[j * H * 512 + e] != want->out[t * H * 512 + e];
+            // Same rows, same keys: equal up to the kernels' accumulation order (2 bf16 steps).
+            ASSERT_LE(dsa_test::bf16_steps(a, w), 2.0) << "R=" << R << " rank " << r << " token " << t;
+          }
+          for (int64_t h = 0; h < H; ++h)
+            ASSERT_LE(dsa_test::f32_steps(got->lse[j * H + h], want->lse[t * H + h]), 8.0)
+                << "R=" << R << " rank " << r << " token " << t;
+        }
+      }
+      if (differing) std::printf("GpuDist.CpPrefill R=%d rank %d: %lld bf16 outputs not bit-identical\n", R, r,
+                                 static_cast<long long>(differing));
     }
   }
 }

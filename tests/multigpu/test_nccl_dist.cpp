@@ -124,6 +124,7 @@ TEST(NcclDist, TopkEqualsSingleGpuTopk) {
         cudaMalloc(&ws, wb);
         p.workspace = ws;
         p.workspace_bytes = wb;
+        cudaDeviceSynchronize();
         st[r] = dist::dist_topk(p, *g.dsa[r]);
         cudaStreamSynchronize(s);
         got[r] = download(ix, static_cast<size_t>(M * k));
@@ -195,6 +196,7 @@ TEST(NcclDist, LseMergeMatchesCpuMerge) {
     cudaMalloc(&ws, wb);
     m.workspace = ws;
     m.workspace_bytes = wb;
+    cudaDeviceSynchronize();
     st[r] = dist::lse_merge(m, *g.dsa[r]);
     cudaStreamSynchronize(s);
     got[r] = download(o, out[r].size());
