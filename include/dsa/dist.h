@@ -167,8 +167,8 @@ Status dcp_local_indices(const DcpLocalIndicesParams& p, int ranks, int rank);
 // out = 0, lse = +inf. The sink, when given, is applied once, after the merge:
 // out *= exp(lse) / (exp(lse) + exp(sink[h])).
 struct LseMergeParams {
-  TensorDesc out_partial;  // [T, H, D] f32 or bf16 (D <= 1024, last dim contiguous)
-  TensorDesc lse_partial;  // [T, H] f32
+  TensorDesc out_partial;  // [T, H, D] f32 or bf16, contiguous (D <= 1024)
+  TensorDesc lse_partial;  // [T, H] f32, contiguous
   TensorDesc attn_sink;    // optional [H] f32
   TensorDesc out;          // [T, H, D] f32 or bf16
   TensorDesc lse;          // optional [T, H] f32: merged, without the sink
