@@ -272,6 +272,60 @@ TEST(DistTopk, ZeroKeysOnSomeRanksAndBadArguments) {
   EXPECT_TRUE(dsa_test::fails_naming(dist::dist_topk(p, *g[0]), {"k"}));
 }
 
+TEST(DistTopk, Bf16LogitsEqualSingleRankTopk) {
+  // bf16 scores rank as their exact f32 values: candidates are widened, never rounded again.
+  dsa_test::Rng rng(23);
+  const int64_t M = 4, W = 500, k = 128;
+  std::vector<float> f(static_cast<size_t>(M * W));
+  for (auto& x : f) x = std::round(rng.normal() * 8.f) / 8.f;  // many exact ties
+  std::vector<uint16_t> h = dsa_test::to_bf16(f);
+  std::vector<int32_t> lengths = {500, 129, 128, 300};
+  std::vector<int32_t> ref_idx(static_cast<size_t>(M * k));
+  std::vector<float> ref_val(static_cast<size_t>(M * k));
+  TopkParams tp;
+  tp.logits = dsa_test::t_bf16(h.data(), {M, W});
+  tp.lengths = t_i32(lengths.data(), {M});
+  tp.k = k;
+  tp.indices = t_i32(ref_idx.data(), {M, k});
+  tp.values = t_f32(ref_val.data(), {M, k});
+  std::vector<uint8_t> tws(topk_workspace_size(tp) + 1);
+  tp.workspace = tws.data();
+  tp.workspace_bytes = tws.size();
+  DSA_ASSERT_OK(topk(tp));
+  for (int R : {2, 3}) {
+    auto g = group(R);
+    std::vector<std::vector<int32_t>> idx(R);
+    std::vector<std::vector<float>> val(R);
+    std::vector<Status> st(R);
+    run_ranks(R, [&](int r) {
+      const int64_t Wl = (W - r + R - 1) / R;
+      std::vector<uint16_t> ll(static_cast<size_t>(M * Wl));
+      std::vector<int32_t> len(static_cast<size_t>(M));
+      for (int64_t i = 0; i < M; ++i) {
+        for (int64_t l = 0; l < Wl; ++l) ll[i * Wl + l] = h[i * W + l * R + r];
+        len[i] = static_cast<int32_t>((lengths[i] - r + R - 1) / R);
+      }
+      idx[r].assign(static_cast<size_t>(M * k), -7);
+      val[r].assign(static_cast<size_t>(M * k), -7.f);
+      dist::DistTopkParams p;
+      p.logits = dsa_test::t_bf16(ll.data(), {M, Wl});
+      p.lengths = t_i32(len.data(), {M});
+      p.k = k;
+      p.indices = t_i32(idx[r].data(), {M, k});
+      p.values = t_f32(val[r].data(), {M, k});
+      std::vector<uint8_t> ws(dist::dist_topk_workspace_size(p, R));
+      p.workspace = ws.data();
+      p.workspace_bytes = ws.size();
+      st[r] = dist::dist_topk(p, *g[r]);
+    });
+    for (int r = 0; r < R; ++r) {
+      ASSERT_TRUE(st[r].ok()) << st[r].to_string();
+      EXPECT_EQ(idx[r], ref_idx) << "R=" << R << " rank " << r;
+      EXPECT_EQ(0, std::memcmp(val[r].data(), ref_val.data(), ref_val.size() * 4)) << "R=" << R;
+    }
+  }
+}
+
 // ---- partial attention and the lse merge (DCP decode) -------------------------------------
 
 struct DcpCase {
