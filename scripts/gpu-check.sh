@@ -136,6 +136,13 @@ if [ -x "$KERNEL_TESTS" ]; then
 else
   skip kernel_tests "dsa_gpu_kernel_tests not built"
 fi
+# Several GPUs (NCCL): skips below 2 GPUs. NVLink multicast always off.
+MULTI_TESTS=$BUILD/tests/dsa_multigpu_tests
+if [ -x "$MULTI_TESTS" ]; then
+  step multigpu_tests 120 env NCCL_NVLS_ENABLE=0 "$MULTI_TESTS" --gtest_output="xml:$OUT/multigpu_tests.xml"
+else
+  skip multigpu_tests "dsa_multigpu_tests not built (no NCCL)"
+fi
 if [ -x "$CPU_TESTS" ]; then
   step cpu_tests 120 "$CPU_TESTS" --gtest_output="xml:$OUT/cpu_tests.xml"
 else

@@ -2,6 +2,7 @@
 #pragma once
 #include "dsa/attention.h"
 #include "dsa/cache.h"
+#include "dsa/dist.h"
 #include "dsa/geometry.h"
 #include "dsa/indexer.h"
 #include "dsa/layer.h"
