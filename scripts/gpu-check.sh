@@ -204,6 +204,16 @@ if [ -x "$BUILD/tools/dsa" ]; then
 else
   skip dsa_bench "tools/dsa not built"
 fi
+# The same shapes through the mma.sync / first-generation kernels (what v0.1.0 ran), for the
+# before/after columns of docs/perf.md: DSA_BENCH_BASELINE="--op layer_prefill,..." (off by default).
+if [ -n "${DSA_BENCH_BASELINE:-}" ] && [ -x "$BUILD/tools/dsa" ]; then
+  # shellcheck disable=SC2086
+  step dsa_bench_baseline 200 env DSA_FORCE_KERNEL=mma_sync DSA_CUDA_LOGITS=mma DSA_CUDA_TOPK=legacy \
+    DSA_MHA_KERNEL=portable "$BUILD/tools/dsa" bench $DSA_BENCH_BASELINE --json "$OUT/dsa_bench_baseline.json"
+fi
+if [ -f "$OUT/dsa_bench.json" ]; then
+  python3 bench/perf_table.py "$OUT/dsa_bench.json" > "$OUT/perf_table.md" 2>/dev/null || true
+fi
 if [ -f bench/torch_baseline.py ]; then
   # shellcheck disable=SC2086
   step torch_baseline 200 env PYTHONPATH="$BUILD-py/python:${PYTHONPATH:-}" python3 bench/torch_baseline.py ${DSA_TORCH_ARGS:---quick} --json "$OUT/torch_baseline.json"
