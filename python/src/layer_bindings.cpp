@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,15 +43,33 @@ void check(const dsa::Status& s) {
 template <typename T>
 T get(const py::dict& d, const char* key, T fallback) {
   if (!d.contains(key) || d[key].is_none()) return fallback;
+  auto bad = [&]() {
+    return py::type_error("plan: " + std::string(key) + ": expected " +
+                          (std::is_same<T, std::string>::value ? "a string"
+                           : std::is_same<T, bool>::value      ? "a bool"
+                           : std::is_floating_point<T>::value  ? "a number"
+                                                               : "an integer in range (" + std::to_string(sizeof(T) * 8) + "-bit)") +
+                          ", got " + py::repr(d[key]).cast<std::string>());
+  };
+  if constexpr (std::is_integral<T>::value && !std::is_same<T, bool>::value) {
+    // Range-checked here rather than through pybind11's cast error, whose type differs between
+    // build configurations.
+    const py::object v = d[key];
+    if (!PyLong_Check(v.ptr())) throw bad();
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow != 0 || (x == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      throw bad();
+    }
+    if (x < static_cast<long long>(std::numeric_limits<T>::min()) || x > static_cast<long long>(std::numeric_limits<T>::max()))
+      throw bad();
+    return static_cast<T>(x);
+  }
   try {
     return d[key].cast<T>();
   } catch (const py::cast_error&) {
-    throw py::type_error("plan: " + std::string(key) + ": expected " +
-                         (std::is_same<T, std::string>::value ? "a string"
-                          : std::is_same<T, bool>::value      ? "a bool"
-                          : std::is_floating_point<T>::value  ? "a number"
-                                                              : "an integer in range (" + std::to_string(sizeof(T) * 8) + "-bit)") +
-                         ", got " + py::repr(d[key]).cast<std::string>());
+    throw bad();
   }
 }
 
