@@ -35,11 +35,14 @@ ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" -E 'consumer_packag
 t2=$(date +%s)
 
 # Python: the interpreter is not instrumented, so the ASan runtime is preloaded; leak checking
-# is off (CPython's allocator keeps memory on purpose).
+# is off (CPython's allocator keeps memory on purpose). The torch-based suites are left to the
+# plain run: torch itself is not built for a preloaded ASan runtime.
 if [ "${python_args[0]}" = -DDSA_BUILD_PYTHON=ON ] && /usr/bin/python3 -c "import pytest, numpy" 2>/dev/null; then
   LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
   DSA_UNDER_ASAN=1 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 PYTHONPATH="$build_dir/python" PYTHONDONTWRITEBYTECODE=1 \
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests \
+      --ignore=python/tests/test_torch_cpu.py --ignore=python/tests/test_torch_cuda.py \
+      --ignore=python/tests/test_hf_glue_torch.py --ignore=python/tests/test_transformers_integration.py
 fi
 t3=$(date +%s)
 echo "sanitize: build $((t1 - t0)) s, C++ tests $((t2 - t1)) s, Python tests $((t3 - t2)) s, total $((t3 - t0)) s"
