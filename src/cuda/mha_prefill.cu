@@ -30,8 +30,8 @@ namespace {
 constexpr int kMaxDevices = 64;
 
 // Attention kernel choice: -1 read DSA_MHA_KERNEL once; 0 default (the serial Hopper
-// kernel); 1 portable; 2 serial Hopper; 3 pipelined Hopper (opt-in: ptxas still serializes
-// its wgmmas, docs/perf.md).
+// kernel); 1 portable; 2 serial Hopper; 3 pipelined Hopper (opt-in until checked on the
+// H200, docs/perf.md).
 std::atomic<int> g_kernel{-1};
 std::atomic<int> g_stages{3};
 

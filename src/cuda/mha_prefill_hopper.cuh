@@ -309,36 +309,49 @@ __global__ void __launch_bounds__(kHopThreads, 1)
         softmax_tile(sc, pa, st, a_lo, a_hi, 0, prefix, wg_row0, row_lo, row_hi, scale, lane);
       }
       // Every register a wgmma of the next pipeline stage reads (O, P, S) is finished before
-      // its wgmma.fence: fence_regs pins the rescale and the P copy above it. ptxas 13 still
-      // reports C7513 (wgmma serialized) for this loop: as built, the overlap does not happen
-      // yet (docs/perf.md); the kernel is opt-in (DSA_MHA_KERNEL=wgmma_pipe).
+      // its wgmma.fence (fence_regs pins the rescale above it), and P alternates between two
+      // register sets instead of being copied: a copy lands between the stage's wgmmas and
+      // ptxas serializes the pipeline (C7513). ptxas 13: no C7513, 0 spills. Opt-in for now
+      // (DSA_MHA_KERNEL=wgmma_pipe) until the H200 has checked it.
       auto pin = [&]() {
         hp::fence_regs(o);
         hp::fence_regs(sc);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) hp::fence_regs(pa[ks]);
       };
-      for (int t = 0; t + 1 < my_tiles; ++t) {
+      uint32_t pb[4][4];
+      // One step: P(t) in cur, P(t+1) into nxt (no register copy: the two alternate).
+      auto step = [&](int t, uint32_t (&cur)[4][4], uint32_t (&nxt)[4][4]) {
         wait_full(t + 1);
-        pin();
+        hp::fence_regs(o);
+        hp::fence_regs(sc);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) hp::fence_regs(cur[ks]);
         hp::wgmma_fence();
         issue_scores<C::kQkBlocks>(sc, qs, kstage(t + 1));
-        issue_pv<kV>(o, pa, kstage(t) + C::kKBytes);
+        issue_pv<kV>(o, cur, kstage(t) + C::kKBytes);
         hp::wgmma_wait<1>();  // S(t+1) complete; P·V(t) may still run
         hp::fence_regs(sc);
-        uint32_t pn[4][4];
         float a_lo, a_hi;
-        softmax_tile(sc, pn, st, a_lo, a_hi, (t + 1) * kHopKeys, prefix, wg_row0, row_lo, row_hi, scale, lane);
+        softmax_tile(sc, nxt, st, a_lo, a_hi, (t + 1) * kHopKeys, prefix, wg_row0, row_lo, row_hi, scale, lane);
         hp::wgmma_wait<0>();
         hp::fence_regs(o);
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) hp::fence_regs(pa[ks]);  // pa stayed in place until P·V(t) completed
+        for (int ks = 0; ks < 4; ++ks) hp::fence_regs(cur[ks]);  // cur stayed in place until P·V(t) completed
         rescale_o(o, a_lo, a_hi);
+        release(t);
+      };
+      int t0 = 0;
+      for (; t0 + 2 < my_tiles; t0 += 2) {
+        step(t0, pa, pb);
+        step(t0 + 1, pb, pa);
+      }
+      if (t0 + 1 < my_tiles) {
+        step(t0, pa, pb);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) pa[ks][j] = pn[ks][j];
-        release(t);
+          for (int j = 0; j < 4; ++j) pa[ks][j] = pb[ks][j];
       }
       const int t = my_tiles - 1;
       pin();
