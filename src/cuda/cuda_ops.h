@@ -42,6 +42,10 @@ StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::M
 // Internal (tests, bench): run the portable attention kernel even on sm_90a. Also set by
 // the environment variable DSA_MHA_KERNEL=portable (read once).
 void set_mha_force_portable(bool on);
+// Internal (tests, bench): the attention kernel, 0 the default (the serial Hopper kernel on
+// sm_90a), 1 portable, 2 serial Hopper, 3 pipelined Hopper (S of tile t+1 issued before the
+// softmax of tile t; opt-in); DSA_MHA_KERNEL=portable|wgmma_serial|wgmma_pipe (read once).
+void set_mha_kernel(int mode);
 // Internal (bench): which stages a dense_mha_prefill call runs, bit 0 the gather and the
 // decompression GEMM, bit 1 the attention (default 3). 2 re-times the attention over the
 // K/V an earlier full call left in the same workspace.

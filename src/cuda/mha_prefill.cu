@@ -29,19 +29,25 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-std::atomic<int> g_force_portable{-1};  // -1: read DSA_MHA_KERNEL once
+// Attention kernel choice: -1 read DSA_MHA_KERNEL once; 0 default (the serial Hopper
+// kernel); 1 portable; 2 serial Hopper; 3 pipelined Hopper (opt-in until checked on the
+// H200, docs/perf.md).
+std::atomic<int> g_kernel{-1};
 std::atomic<int> g_stages{3};
 
-bool force_portable() {
-  int v = g_force_portable.load(std::memory_order_relaxed);
+int kernel_mode() {
+  int v = g_kernel.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* e = std::getenv("DSA_MHA_KERNEL");
-    v = (e != nullptr && std::strcmp(e, "portable") == 0) ? 1 : 0;
+    v = 0;
+    if (e != nullptr && std::strcmp(e, "portable") == 0) v = 1;
+    if (e != nullptr && std::strcmp(e, "wgmma_serial") == 0) v = 2;
+    if (e != nullptr && std::strcmp(e, "wgmma_pipe") == 0) v = 3;
     int expected = -1;
-    g_force_portable.compare_exchange_strong(expected, v);
-    v = g_force_portable.load();
+    g_kernel.compare_exchange_strong(expected, v);
+    v = g_kernel.load();
   }
-  return v == 1;
+  return v;
 }
 
 struct Blas {
@@ -106,10 +112,13 @@ StatusCode launch_portable(const mha::Problem& pr, int q_blocks, cudaStream_t st
 
 template <int kNope, int kV>
 StatusCode launch_attention(const mha::Problem& pr, int64_t max_q, cudaStream_t stream) {
-  if (!force_portable() && hopper::current_device_is_sm90a()) {
-    const StatusCode st = mha::launch_hopper<kNope, kV>(pr, max_q, stream);
+  const int mode = kernel_mode();
+  if (mode != 1 && hopper::current_device_is_sm90a()) {
+    const bool pipe = mode == 3;
+    const StatusCode st = pipe ? mha::launch_hopper<kNope, kV, true>(pr, max_q, stream)
+                               : mha::launch_hopper<kNope, kV, false>(pr, max_q, stream);
     if (st != StatusCode::kUnsupported) {
-      note_kernel("dense_mha_prefill.wgmma");
+      note_kernel(pipe ? "dense_mha_prefill.wgmma_pipe" : "dense_mha_prefill.wgmma");
       return st;
     }
   }
@@ -120,7 +129,8 @@ StatusCode launch_attention(const mha::Problem& pr, int64_t max_q, cudaStream_t 
 
 }  // namespace
 
-void set_mha_force_portable(bool on) { g_force_portable.store(on ? 1 : 0); }
+void set_mha_force_portable(bool on) { g_kernel.store(on ? 1 : 0); }
+void set_mha_kernel(int mode) { g_kernel.store(mode >= 0 && mode <= 3 ? mode : 0); }
 void set_mha_stages(int mask) { g_stages.store(mask & 3); }
 
 StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::MhaGroup& g) {

@@ -28,7 +28,8 @@ constexpr int kHopKeys = 64;
 // stages: HopCfg (3 for qk + v <= 320, else 2)
 constexpr int kHopThreads = 128 * (kHopConsumers + 1);
 constexpr int kHopProducerRegs = 24;
-constexpr int kHopConsumerRegs = 240;  // (2 * 240 + 24) * 128 <= 64 Ki registers
+constexpr int kHopConsumerRegs = 240;
+constexpr int kHopSmemLimit = 227 * 1024;  // dynamic shared memory per block on sm_90  // (2 * 240 + 24) * 128 <= 64 Ki registers
 
 }  // namespace mha
 }  // namespace gpu

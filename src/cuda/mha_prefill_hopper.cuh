@@ -35,23 +35,27 @@ namespace dsa {
 namespace gpu {
 namespace mha {
 
-template <int kNope, int kV>
+// kPipe: the pipelined consumer loop (S of the next tile issued before this tile's softmax),
+// which holds two stages per warpgroup at a time and so takes as many stages as fit (<= 4).
+template <int kNope, int kV, bool kPipe = false>
 struct HopCfg {
   static constexpr int kQk = kNope + kRopeElems;
   static constexpr int kQkBlocks = kQk / 64;   // 128-byte K blocks of q/k
   static constexpr int kVBlocks = kV / 64;
-  static constexpr int kStages = (kQk + kV) <= 320 ? 3 : 2;
   static constexpr int kTileBytes = 64 * 128;  // 64 rows x 128 B
   static constexpr int kQBytes = kHopRows * kQk * 2;
   static constexpr int kKBytes = kQkBlocks * kTileBytes;
   static constexpr int kVBytes = kVBlocks * kTileBytes;
   static constexpr int kStageBytes = kKBytes + kVBytes;
+  static constexpr int kFitStages = (kHopSmemLimit - kQBytes - 2048) / kStageBytes;
+  static constexpr int kStages = kPipe ? (kFitStages < 4 ? kFitStages : 4) : ((kQk + kV) <= 320 ? 3 : 2);
   static constexpr int kSmemQ = 0;
   static constexpr int kSmemStages = kSmemQ + kQBytes;
   static constexpr int kSmemBars = kSmemStages + kStages * kStageBytes;
   static constexpr int kSmemBytes = kSmemBars + 2 * kStages * 8 + 1024;  // + alignment slack
   static_assert(kQk % 64 == 0 && kV % 64 == 0, "64-wide blocks");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(kStages >= 2, "two stages at least");
+  static_assert(kSmemBytes <= kHopSmemLimit, "shared memory");
 };
 
 __device__ __forceinline__ void named_barrier(int id, int threads) {
@@ -62,12 +66,103 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return static_cast<uint32_t>(float_to_bf16(lo)) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
 }
 
-template <int kNope, int kV>
+// S = Q·Kᵀ of one 64-key tile into sc: issued and committed, not waited (the caller fences).
+template <int kQkBlocks>
+__device__ __forceinline__ void issue_scores(float (&sc)[32], const uint8_t* qs, const uint8_t* kst) {
+  namespace hp = hopper;
+#pragma unroll
+  for (int kb = 0; kb < kQkBlocks; ++kb) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint64_t da = hp::desc_advance(hp::smem_desc(qs + kb * 8192, hp::Swizzle::k128B, 16, 1024), ks * 32);
+      const uint64_t db = hp::desc_advance(hp::smem_desc(kst + kb * 8192, hp::Swizzle::k128B, 16, 1024), ks * 32);
+      hp::wgmma_bf16_ss<64, 0, 0>(sc, da, db, (kb | ks) != 0 ? 1 : 0);
+    }
+  }
+  hp::wgmma_commit();
+}
+
+// O += P·V of one tile (P as bf16 A fragments): issued and committed, not waited.
+template <int kV>
+__device__ __forceinline__ void issue_pv(float (&o)[kV / 2], const uint32_t (&pa)[4][4], const uint8_t* vst) {
+  namespace hp = hopper;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    const uint64_t db = hp::desc_advance(hp::smem_desc(vst, hp::Swizzle::k128B, 8192, 1024), ks * 16 * 128);
+    hp::wgmma_bf16_rs<kV, 1>(o, pa[ks], db, 1);
+  }
+  hp::wgmma_commit();
+}
+
+// Online softmax state of a thread's two rows (lo: row_lo, hi: row_lo + 8).
+struct SoftmaxRows {
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+};
+
+// One tile's scores (sc, complete) to P: scale, mask (only tiles crossing the warpgroup's
+// first row's diagonal), row maxima across the 4 lanes of a row, exponentials, row sums; P to
+// bf16 A fragments in pa; a_lo / a_hi the factors that rescale O to the new maxima.
+__device__ __forceinline__ void softmax_tile(float (&sc)[32], uint32_t (&pa)[4][4], SoftmaxRows& st, float& a_lo,
+                                             float& a_hi, int k0, int prefix, int wg_row0, int row_lo, int row_hi,
+                                             float scale, int lane) {
+  namespace hp = hopper;
+  const bool diag = k0 + kHopKeys - 1 > prefix + wg_row0;
+  float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int key = k0 + hp::acc_col(i, lane);
+    const bool hi = (i >> 1) & 1;
+    float x = sc[i] * scale;
+    if (diag && key > prefix + (hi ? row_hi : row_lo)) x = -INFINITY;
+    sc[i] = x;
+    if (hi) mx_hi = fmaxf(mx_hi, x);
+    else mx_lo = fmaxf(mx_lo, x);
+  }
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+  // Tile 0 holds key 0, which every row sees: m is finite from the first tile on, and a
+  // later tile entirely past a row's keys gives mx = -inf, m_new = m, alpha = 1, p = 0.
+  const float mn_lo = fmaxf(st.m_lo, mx_lo), mn_hi = fmaxf(st.m_hi, mx_hi);
+  a_lo = exp2f(st.m_lo - mn_lo);
+  a_hi = exp2f(st.m_hi - mn_hi);
+  st.m_lo = mn_lo;
+  st.m_hi = mn_hi;
+  float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const bool hi = (i >> 1) & 1;
+    const float e = exp2f(sc[i] - (hi ? mn_hi : mn_lo));
+    sc[i] = e;
+    if (hi) sum_hi += e;
+    else sum_lo += e;
+  }
+  st.l_lo = st.l_lo * a_lo + sum_lo;
+  st.l_hi = st.l_hi * a_hi + sum_hi;
+  // k-step ks covers keys 16 ks .. +16; register j holds accumulator elements
+  // 8 ks + 4 (j / 2) + 2 (j % 2) + {0, 1}.
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i0 = 8 * ks + 4 * (j >> 1) + 2 * (j & 1);
+      pa[ks][j] = pack_bf16(sc[i0], sc[i0 + 1]);
+    }
+}
+
+template <int R>
+__device__ __forceinline__ void rescale_o(float (&o)[R], float a_lo, float a_hi) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) o[i] *= ((i >> 1) & 1) ? a_hi : a_lo;
+}
+
+template <int kNope, int kV, bool kPipe>
 __global__ void __launch_bounds__(kHopThreads, 1)
     mha_attn_hopper_kernel(const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap pe_map,
                            const Problem p) {
 #if DSA_HOPPER_DEVICE
-  using C = HopCfg<kNope, kV>;
+  using C = HopCfg<kNope, kV, kPipe>;
   namespace hp = hopper;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -161,97 +256,121 @@ __global__ void __launch_bounds__(kHopThreads, 1)
   float o[kV / 2];
 #pragma unroll
   for (int i = 0; i < kV / 2; ++i) o[i] = 0.f;
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  SoftmaxRows st;
   const float scale = p.scale_log2;
+  auto kstage = [&](int t) -> const uint8_t* { return smem + C::kSmemStages + (t % C::kStages) * C::kStageBytes; };
+  auto wait_full = [&](int t) { hp::mbar_wait(&full[t % C::kStages], static_cast<uint32_t>(t / C::kStages) & 1u); };
+  auto release = [&](int t) {  // this warp no longer reads tile t's stage
+    __syncwarp();
+    if (lane == 0) hp::mbar_arrive(&empty[t % C::kStages]);
+  };
+  const int my_tiles = min(wg_tiles, n_tiles);
 
-  for (int t = 0; t < n_tiles; ++t) {
-    const int s = t % C::kStages;
-    const uint32_t phase = static_cast<uint32_t>(t / C::kStages) & 1u;
-    hp::mbar_wait(&full[s], phase);
-    if (t < wg_tiles) {
-      const uint8_t* kst = smem + C::kSmemStages + s * C::kStageBytes;
-      const uint8_t* vst = kst + C::kKBytes;
+  if constexpr (!kPipe) {
+    // Serial: S(t), softmax(t), P·V(t), each waited before the next.
+    for (int t = 0; t < n_tiles; ++t) {
+      wait_full(t);
+      if (t < my_tiles) {
+        float sc[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) sc[i] = 0.f;
+        hp::wgmma_fence();
+        issue_scores<C::kQkBlocks>(sc, qs, kstage(t));
+        hp::wgmma_wait<0>();
+        hp::fence_regs(sc);
+        uint32_t pa[4][4];
+        float a_lo, a_hi;
+        softmax_tile(sc, pa, st, a_lo, a_hi, t * kHopKeys, prefix, wg_row0, row_lo, row_hi, scale, lane);
+        rescale_o(o, a_lo, a_hi);
+        hp::wgmma_fence();
+        issue_pv<kV>(o, pa, kstage(t) + C::kKBytes);
+        hp::wgmma_wait<0>();
+        hp::fence_regs(o);
+      }
+      release(t);
+    }
+  } else {
+    // Pipelined: while P·V(t) runs on the tensor cores, S(t+1) (issued just before it) is
+    // waited and softmax(t+1) computed; O is rescaled to tile t+1's maxima once P·V(t) is done
+    // (O then holds Σ_{<=t} P·V relative to m(t+1), as the serial loop has it). A warpgroup
+    // holds tiles t and t+1 at once; stages are released in tile order, as in the serial loop.
+    if (my_tiles > 0) {
       float sc[32];
 #pragma unroll
       for (int i = 0; i < 32; ++i) sc[i] = 0.f;
-      hp::wgmma_fence();
-#pragma unroll
-      for (int kb = 0; kb < C::kQkBlocks; ++kb) {
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          const uint64_t da = hp::desc_advance(hp::smem_desc(qs + kb * C::kTileBytes, hp::Swizzle::k128B, 16, 1024), ks * 32);
-          const uint64_t db = hp::desc_advance(hp::smem_desc(kst + kb * C::kTileBytes, hp::Swizzle::k128B, 16, 1024), ks * 32);
-          hp::wgmma_bf16_ss<64, 0, 0>(sc, da, db, (kb | ks) != 0 ? 1 : 0);
-        }
-      }
-      hp::wgmma_commit();
-      hp::wgmma_wait<0>();
-      hp::fence_regs(sc);
-
-      // Scale, mask (only tiles crossing this warpgroup's first row's diagonal), row maxima.
-      const int k0 = t * kHopKeys;
-      const bool diag = k0 + kHopKeys - 1 > prefix + wg_row0;
-      float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int key = k0 + hp::acc_col(i, lane);
-        const bool hi = (i >> 1) & 1;
-        float x = sc[i] * scale;
-        if (diag && key > prefix + (hi ? row_hi : row_lo)) x = -INFINITY;
-        sc[i] = x;
-        if (hi) mx_hi = fmaxf(mx_hi, x);
-        else mx_lo = fmaxf(mx_lo, x);
-      }
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-      // Tile 0 holds key 0, which every row sees: m is finite from the first tile on, and a
-      // later tile entirely past a row's keys gives mx = -inf, m_new = m, alpha = 1, p = 0.
-      const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-      const float a_lo = exp2f(m_lo - mn_lo), a_hi = exp2f(m_hi - mn_hi);
-      m_lo = mn_lo;
-      m_hi = mn_hi;
-      float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const bool hi = (i >> 1) & 1;
-        const float e = exp2f(sc[i] - (hi ? mn_hi : mn_lo));
-        sc[i] = e;
-        if (hi) sum_hi += e;
-        else sum_lo += e;
-      }
-      l_lo = l_lo * a_lo + sum_lo;
-      l_hi = l_hi * a_hi + sum_hi;
-#pragma unroll
-      for (int i = 0; i < kV / 2; ++i) o[i] *= ((i >> 1) & 1) ? a_hi : a_lo;
-
-      // P (bf16) as the A operand: k-step ks covers keys 16 ks .. +16; register j holds
-      // accumulator elements 8 ks + 4 (j / 2) + 2 (j % 2) + {0, 1}.
       uint32_t pa[4][4];
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int i0 = 8 * ks + 4 * (j >> 1) + 2 * (j & 1);
-          pa[ks][j] = pack_bf16(sc[i0], sc[i0 + 1]);
-        }
-      hp::wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const uint64_t db = hp::desc_advance(hp::smem_desc(vst, hp::Swizzle::k128B, C::kTileBytes, 1024), ks * 16 * 128);
-        hp::wgmma_bf16_rs<kV, 1>(o, pa[ks], db, 1);
+      {
+        wait_full(0);
+        hp::wgmma_fence();
+        issue_scores<C::kQkBlocks>(sc, qs, kstage(0));
+        hp::wgmma_wait<0>();
+        hp::fence_regs(sc);
+        float a_lo, a_hi;  // O is zero: nothing to rescale
+        softmax_tile(sc, pa, st, a_lo, a_hi, 0, prefix, wg_row0, row_lo, row_hi, scale, lane);
       }
-      hp::wgmma_commit();
+      // Every register a wgmma of the next pipeline stage reads (O, P, S) is finished before
+      // its wgmma.fence (fence_regs pins the rescale above it), and P alternates between two
+      // register sets instead of being copied: a copy lands between the stage's wgmmas and
+      // ptxas serializes the pipeline (C7513). ptxas 13: no C7513, 0 spills. Opt-in for now
+      // (DSA_MHA_KERNEL=wgmma_pipe) until the H200 has checked it.
+      auto pin = [&]() {
+        hp::fence_regs(o);
+        hp::fence_regs(sc);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) hp::fence_regs(pa[ks]);
+      };
+      uint32_t pb[4][4];
+      // One step: P(t) in cur, P(t+1) into nxt (no register copy: the two alternate).
+      auto step = [&](int t, uint32_t (&cur)[4][4], uint32_t (&nxt)[4][4]) {
+        wait_full(t + 1);
+        hp::fence_regs(o);
+        hp::fence_regs(sc);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) hp::fence_regs(cur[ks]);
+        hp::wgmma_fence();
+        issue_scores<C::kQkBlocks>(sc, qs, kstage(t + 1));
+        issue_pv<kV>(o, cur, kstage(t) + C::kKBytes);
+        hp::wgmma_wait<1>();  // S(t+1) complete; P·V(t) may still run
+        hp::fence_regs(sc);
+        float a_lo, a_hi;
+        softmax_tile(sc, nxt, st, a_lo, a_hi, (t + 1) * kHopKeys, prefix, wg_row0, row_lo, row_hi, scale, lane);
+        hp::wgmma_wait<0>();
+        hp::fence_regs(o);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) hp::fence_regs(cur[ks]);  // cur stayed in place until P·V(t) completed
+        rescale_o(o, a_lo, a_hi);
+        release(t);
+      };
+      int t0 = 0;
+      for (; t0 + 2 < my_tiles; t0 += 2) {
+        step(t0, pa, pb);
+        step(t0 + 1, pb, pa);
+      }
+      if (t0 + 1 < my_tiles) {
+        step(t0, pa, pb);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) pa[ks][j] = pb[ks][j];
+      }
+      const int t = my_tiles - 1;
+      pin();
+      hp::wgmma_fence();
+      issue_pv<kV>(o, pa, kstage(t) + C::kKBytes);
       hp::wgmma_wait<0>();
       hp::fence_regs(o);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) hp::fence_regs(pa[ks]);
+      release(t);
     }
-    // This warp no longer reads stage s.
-    __syncwarp();
-    if (lane == 0) hp::mbar_arrive(&empty[s]);
+    for (int t = max(my_tiles, 0); t < n_tiles; ++t) {  // tiles past this warpgroup's horizon
+      wait_full(t);
+      release(t);
+    }
   }
 
   if (wg_rows <= 0) return;
+  float l_lo = st.l_lo, l_hi = st.l_hi;
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
@@ -262,7 +381,7 @@ __global__ void __launch_bounds__(kHopThreads, 1)
     if (row >= sq.q_len || row < wg_row0 || row >= wg_row0 + wg_rows) continue;
     const int64_t t = sq.q0 + row;
     float lse;
-    const float f = finish_factor(p, h, half ? m_hi : m_lo, half ? l_hi : l_lo, &lse);
+    const float f = finish_factor(p, h, half ? st.m_hi : st.m_lo, half ? l_hi : l_lo, &lse);
     const int64_t base = t * p.out_s0 + static_cast<int64_t>(h) * p.out_s1;
 #pragma unroll
     for (int i = 0; i < kV / 2; i += 4) {
@@ -287,9 +406,9 @@ __global__ void __launch_bounds__(kHopThreads, 1)
 
 // Tensor maps over this group's workspace buffers and the launch. kUnsupported when the
 // driver cannot encode the maps (the launcher then runs the portable kernel).
-template <int kNope, int kV>
+template <int kNope, int kV, bool kPipe>
 StatusCode launch_hopper(const Problem& pr, int64_t max_q, cudaStream_t stream) {
-  using C = HopCfg<kNope, kV>;
+  using C = HopCfg<kNope, kV, kPipe>;
   CUtensorMap kv_map, pe_map;
   const uint64_t row_elems = static_cast<uint64_t>(pr.H) * (kNope + kV);
   const uint64_t dims[3] = {static_cast<uint64_t>(kNope + kV), static_cast<uint64_t>(pr.H),
@@ -308,7 +427,7 @@ StatusCode launch_hopper(const Problem& pr, int64_t max_q, cudaStream_t stream) 
   if (cudaGetDevice(&device) != cudaSuccess) return StatusCode::kDeviceError;
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
   if (!(bit && (done.load(std::memory_order_acquire) & bit))) {
-    if (cudaFuncSetAttribute(mha_attn_hopper_kernel<kNope, kV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaFuncSetAttribute(mha_attn_hopper_kernel<kNope, kV, kPipe>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              C::kSmemBytes) != cudaSuccess) {
       cudaGetLastError();
       return StatusCode::kDeviceError;
@@ -317,7 +436,7 @@ StatusCode launch_hopper(const Problem& pr, int64_t max_q, cudaStream_t stream) 
   }
   const dim3 grid(static_cast<unsigned>(ceil_div(max_q, kHopRows)), static_cast<unsigned>(pr.H),
                   static_cast<unsigned>(pr.nb));
-  mha_attn_hopper_kernel<kNope, kV><<<grid, kHopThreads, C::kSmemBytes, stream>>>(kv_map, pe_map, pr);
+  mha_attn_hopper_kernel<kNope, kV, kPipe><<<grid, kHopThreads, C::kSmemBytes, stream>>>(kv_map, pe_map, pr);
   return last_launch_status();
 }
 

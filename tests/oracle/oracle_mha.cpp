@@ -15,6 +15,11 @@ double round_bf16(double x) {
   return r * step;
 }
 
+double bf16_step(double x) {
+  if (!std::isfinite(x) || x == 0.0) return 0.0;
+  return std::ldexp(1.0, std::ilogb(x) - 7);
+}
+
 MhaResult dense_mha(const std::vector<double>& q_nope, const std::vector<double>& q_pe, int64_t T, int64_t H,
                     int64_t nope, int64_t v, const std::vector<double>& w, const std::vector<double>& latents,
                     const std::vector<int32_t>& cu_q, const std::vector<int32_t>& block_table, int64_t max_blocks,
@@ -25,6 +30,7 @@ MhaResult dense_mha(const std::vector<double>& q_nope, const std::vector<double>
   r.lse.assign(static_cast<size_t>(T * H), 0.0);
   r.out_scale.assign(r.out.size(), 0.0);
   r.score_scale.assign(r.lse.size(), 0.0);
+  if (round_kv) r.out_flip.assign(r.out.size(), 0.0);
   const int64_t B = static_cast<int64_t>(cu_q.size()) - 1;
   const int64_t qk = nope + 64;
   for (int64_t b = 0; b < B; ++b) {
@@ -32,6 +38,7 @@ MhaResult dense_mha(const std::vector<double>& q_nope, const std::vector<double>
     for (int64_t h = 0; h < H; ++h) {
       // Decompress this head's keys and values for the whole context.
       std::vector<double> k(static_cast<size_t>(kv_len * qk)), val(static_cast<size_t>(kv_len * v));
+      std::vector<double> vstep(val.size(), 0.0);
       for (int64_t j = 0; j < kv_len; ++j) {
         const int64_t slot = int64_t{block_table[b * max_blocks + j / page]} * page + j % page;
         const double* c = &latents[static_cast<size_t>(slot * 576)];
@@ -39,6 +46,7 @@ MhaResult dense_mha(const std::vector<double>& q_nope, const std::vector<double>
           const double* wr = &w[static_cast<size_t>((h * (nope + v) + d) * 512)];
           double s = 0.0;
           for (int64_t i = 0; i < 512; ++i) s += wr[i] * c[i];
+          if (d >= nope) vstep[static_cast<size_t>(j * v + d - nope)] = bf16_step(s);
           if (round_kv) s = round_bf16(s);
           if (d < nope) k[static_cast<size_t>(j * qk + d)] = s;
           else val[static_cast<size_t>(j * v + d - nope)] = s;
@@ -71,13 +79,15 @@ MhaResult dense_mha(const std::vector<double>& q_nope, const std::vector<double>
         double f = 1.0;
         if (!sink.empty()) f = 1.0 / (1.0 + std::exp(sink[static_cast<size_t>(h)] - lse));
         for (int64_t d = 0; d < v; ++d) {
-          double acc = 0.0, aa = 0.0;
+          double acc = 0.0, aa = 0.0, fl = 0.0;
           for (int64_t j = 0; j < L; ++j) {
             acc += p[j] * val[static_cast<size_t>(j * v + d)];
             aa += p[j] * std::fabs(val[static_cast<size_t>(j * v + d)]);
+            fl += p[j] * vstep[static_cast<size_t>(j * v + d)];
           }
           r.out[static_cast<size_t>(row * v + d)] = acc / sum * f;
           r.out_scale[static_cast<size_t>(row * v + d)] = aa / sum * f;
+          if (round_kv) r.out_flip[static_cast<size_t>(row * v + d)] = fl / sum * f;
         }
         r.lse[static_cast<size_t>(row)] = lse;
         r.score_scale[static_cast<size_t>(row)] = sc;

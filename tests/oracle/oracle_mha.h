@@ -10,6 +10,11 @@ struct MhaResult {
   std::vector<double> lse;          // [T][H]
   std::vector<double> out_scale;    // Σ p |v| / Σ p per output element (conditioning)
   std::vector<double> score_scale;  // sm_scale · max_j Σ_d |q_d k_d| per row
+  // round_kv only: Σ p · step(v) / Σ p per output element, step(v) the distance between the two
+  // bf16 values next to the exact V element (2^-8..2^-7 of |v|). An f32 GEMM whose sum lands
+  // next to a rounding boundary may round a V element to the other neighbour; this is how far
+  // the output moves when any V elements do (empty when round_kv is false).
+  std::vector<double> out_flip;
 };
 
 // Decompresses with w [H·(qk_nope + v)][512] (HF kv_b_proj rows) and attends causally.
@@ -24,5 +29,9 @@ MhaResult dense_mha(const std::vector<double>& q_nope, const std::vector<double>
 
 // Nearest bf16 value of x (round to nearest even), as a double.
 double round_bf16(double x);
+
+// The distance between the two bf16 values around x (finite, nonzero x): 2^(ilogb(x) - 7), the
+// step of x's binade; both roundings of a sum that lands near x are within it of each other.
+double bf16_step(double x);
 
 }  // namespace oracle

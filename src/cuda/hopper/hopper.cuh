@@ -224,6 +224,13 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The same for A-operand fragments in registers (kept in place until the wgmma reading them
+// has completed).
+template <int R>
+__device__ __forceinline__ void fence_regs(uint32_t (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 
 // Warpgroup register reallocation (needs a register cap at entry: __launch_bounds__(n, 1)).
 template <int R>
