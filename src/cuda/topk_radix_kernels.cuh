@@ -5,8 +5,9 @@
 //   1. sample: 32 chunks of 128 keys spread over the run; a two-digit radix select over the
 //      sample picks a threshold key t (22-bit prefix) that about `target` keys of the run pass;
 //   2. stream: the run is read once with 16-byte loads; every key >= t is appended, as
-//      (value bits, position), to a shared candidate list (warp-aggregated atomics; the count
-//      goes on past the capacity, nothing past it is stored);
+//      (value bits, position), to a shared candidate list (per step a thread tests its 16-32
+//      keys into a mask, the warp reserves slots with one scan and one atomic; the count goes
+//      on past the capacity, nothing past it is stored);
 //   3. if k <= count <= capacity the list holds the k best and every key equal to the k-th
 //      (all are >= t): a 12+10+10-bit radix select over the list gives the k-th key T and how
 //      many keys == T to take, a position bitmap ranks the ties (lowest positions win) and
@@ -70,7 +71,10 @@ struct Run {
   int64_t k = 0, seg = 0, row_len = 0;
   __device__ __forceinline__ bool valid(int64_t j) const {
     if (!kMerge) return true;
-    const int64_t s = j / k, l = j - s * k;
+    // Merge lists hold at most kMaxRun slots and k <= 16384: a 32-bit division (the 64-bit one
+    // is a ~70-instruction call, once per slot of every pass).
+    const uint32_t s32 = static_cast<uint32_t>(j) / static_cast<uint32_t>(k);
+    const int64_t s = s32, l = j - s * k;
     int64_t n = row_len - s * seg;
     n = n < 0 ? 0 : (n > seg ? seg : n);
     return l < (n < k ? n : k);
