@@ -121,6 +121,9 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   }
   const int64_t blocks = M * sp.segs;
   if (blocks > 0x7fffffffLL) return StatusCode::kUnsupported;
+  // The merge is one block's run (its position bitmap holds kMaxRun slots): rows wider than
+  // kMaxRun * kMaxRun / k (over 1M keys at k = 16384) are not supported.
+  if (sp.segs * p.k > r::kMaxRun) return StatusCode::kUnsupported;
   if (p.workspace_bytes < split_bytes(blocks, p.k) || p.workspace == nullptr) return StatusCode::kWorkspaceTooSmall;
   const uintptr_t base = (reinterpret_cast<uintptr_t>(p.workspace) + 255u) & ~static_cast<uintptr_t>(255u);
   a.ws_val = reinterpret_cast<float*>(base);

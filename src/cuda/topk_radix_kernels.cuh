@@ -5,8 +5,9 @@
 //   1. sample: 32 chunks of 128 keys spread over the run; a two-digit radix select over the
 //      sample picks a threshold key t (22-bit prefix) that about `target` keys of the run pass;
 //   2. stream: the run is read once with 16-byte loads; every key >= t is appended, as
-//      (value bits, position), to a shared candidate list (warp-aggregated atomics; the count
-//      goes on past the capacity, nothing past it is stored);
+//      (value bits, position), to a shared candidate list (per step a thread tests its 16-32
+//      keys into a mask, the warp reserves slots with one scan and one atomic; the count goes
+//      on past the capacity, nothing past it is stored);
 //   3. if k <= count <= capacity the list holds the k best and every key equal to the k-th
 //      (all are >= t): a 12+10+10-bit radix select over the list gives the k-th key T and how
 //      many keys == T to take, a position bitmap ranks the ties (lowest positions win) and
@@ -70,7 +71,10 @@ struct Run {
   int64_t k = 0, seg = 0, row_len = 0;
   __device__ __forceinline__ bool valid(int64_t j) const {
     if (!kMerge) return true;
-    const int64_t s = j / k, l = j - s * k;
+    // Merge lists hold at most kMaxRun slots and k <= 16384: a 32-bit division (the 64-bit one
+    // is a ~70-instruction call, once per slot of every pass).
+    const uint32_t s32 = static_cast<uint32_t>(j) / static_cast<uint32_t>(k);
+    const int64_t s = s32, l = j - s * k;
     int64_t n = row_len - s * seg;
     n = n < 0 ? 0 : (n > seg ? seg : n);
     return l < (n < k ? n : k);
@@ -125,6 +129,116 @@ __device__ __forceinline__ void visit(const R& r, bool backwards, F&& f) {
   }
 }
 
+// a >= b on f32 bit patterns with denormals kept whatever -ftz says (setp without .ftz).
+__device__ __forceinline__ bool f32_ge(uint32_t a, float b) {
+  uint32_t r;
+  asm("{\n\t.reg .pred p;\n\tsetp.ge.f32 p, %1, %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(r) : "f"(__uint_as_float(a)), "f"(b));
+  return r != 0u;
+}
+
+// Inclusive warp scan of cnt; lane 31 reserves the warp's total at *counter (one shared atomic
+// per warp, not one per element). Warp-converged. Returns where this lane's first item goes.
+__device__ __forceinline__ uint32_t warp_reserve(uint32_t cnt, uint32_t* counter) {
+  const int lane = threadIdx.x % kWarp;
+  uint32_t x = cnt;
+#pragma unroll
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  uint32_t base = 0;
+  if (lane == kWarp - 1 && x != 0u) base = atomicAdd(counter, x);
+  base = __shfl_sync(0xffffffffu, base, kWarp - 1);
+  return base + x - cnt;
+}
+
+// The stream of step 2 (same traversal as visit): every valid key >= thr is appended, as
+// (value bits, position), to the candidate list. Each thread tests its kUnr * kPer keys of a
+// step into a bit mask, the warp reserves their slots with one atomic, then the keys are
+// stored; the count goes on past cap, nothing past it is stored. The next step's loads are
+// independent of this step's stores, so warps keep their loads in flight while others append.
+template <int kUnr, class R>
+__device__ __forceinline__ void stream_append(const R& r, uint32_t thr, uint32_t cap, uint32_t* cand_val,
+                                              uint32_t* cand_idx, uint32_t* counter) {
+  using T = typename std::remove_cv<typename std::remove_pointer<decltype(r.x)>::type>::type;
+  constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+  static_assert(kUnr * kPer <= 32, "one mask bit per key of a step");
+  const int64_t len = r.len;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(r.x);
+  int64_t head = (addr % sizeof(T)) ? len : static_cast<int64_t>(((16u - (addr & 15u)) & 15u) / sizeof(T));
+  head = head < len ? head : len;
+  const int64_t nvec = (len - head) / kPer, tail0 = head + nvec * kPer;
+  const uint4* xv = reinterpret_cast<const uint4*>(r.x + head);
+  constexpr int64_t kStep = static_cast<int64_t>(kThreads) * kUnr;
+  const int64_t steps = (nvec + kStep - 1) / kStep;
+  // order_key(b) >= thr as one float compare: keys order the non-NaN values as floats do
+  // (-0 == +0), so it is v >= key_value(thr); NaN (key 0) fails every compare. thr == 0 takes
+  // every key (NaN too); a thr at or below the key of -inf (no key lies between 0 and it) takes
+  // every non-NaN key, as v >= -inf does.
+  const bool take_all = thr == 0u;
+  const float tf = thr <= 0x007fffffu ? -CUDART_INF_F
+                                      : __uint_as_float(thr >= 0x80000000u ? (thr & 0x7fffffffu) : ~thr);
+  const auto passes = [&](uint32_t b) { return take_all || f32_ge(b, tf); };
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t base = s * kStep + threadIdx.x;
+    uint4 v[kUnr];
+    bool ok[kUnr];
+#pragma unroll
+    for (int u = 0; u < kUnr; ++u) {
+      ok[u] = base + u * kThreads < nvec;
+      v[u] = ok[u] ? xv[base + u * kThreads] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    uint32_t take = 0;
+#pragma unroll
+    for (int u = 0; u < kUnr; ++u) {
+      const int64_t p0 = head + (base + u * kThreads) * kPer;
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        uint32_t b;
+        if (sizeof(T) == 4) b = w[e];
+        else b = (e & 1) ? (w[e / 2] & 0xffff0000u) : (w[e / 2] << 16);
+        const bool t = ok[u] && r.valid(p0 + e) && passes(b);
+        take |= static_cast<uint32_t>(t) << (u * kPer + e);
+      }
+    }
+    uint32_t p = warp_reserve(static_cast<uint32_t>(__popc(take)), counter);
+    if (take == 0u) continue;
+#pragma unroll
+    for (int u = 0; u < kUnr; ++u) {
+      const int64_t p0 = head + (base + u * kThreads) * kPer;
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        if ((take >> (u * kPer + e)) & 1u) {
+          uint32_t b;
+          if (sizeof(T) == 4) b = w[e];
+          else b = (e & 1) ? (w[e / 2] & 0xffff0000u) : (w[e / 2] << 16);
+          if (p < cap) {
+            cand_val[p] = b;
+            cand_idx[p] = static_cast<uint32_t>(p0 + e);
+          }
+          ++p;
+        }
+      }
+    }
+  }
+  const int64_t edges = head + (len - tail0);
+  for (int64_t e0 = 0; e0 < edges; e0 += kThreads) {  // block-uniform trip count
+    const int64_t e = e0 + threadIdx.x;
+    const int64_t j = e < head ? e : tail0 + (e - head);
+    const bool in = e < edges && r.valid(j);
+    const uint32_t b = in ? r.bits(j) : 0u;
+    const bool t = in && passes(b);
+    const uint32_t p = warp_reserve(t ? 1u : 0u, counter);
+    if (t && p < cap) {
+      cand_val[p] = b;
+      cand_idx[p] = static_cast<uint32_t>(j);
+    }
+  }
+}
+
 struct Shared {
   uint32_t warp_sums[kWarp];
   uint32_t chosen_digit, chosen_above, chosen_count;
@@ -163,6 +277,12 @@ __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, Shared& sh,
 __device__ __forceinline__ void hist_add(uint32_t* hist, bool counted, uint32_t digit) {
   const uint32_t peers = __match_any_sync(0xffffffffu, counted ? digit : 0xffffffffu);
   if (counted && (threadIdx.x % kWarp) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
+}
+
+// Plain shared atomic (no match): for histograms of few keys per thread with spread digits
+// (the sample, the candidate list), where the match costs more than rare same-digit conflicts.
+__device__ __forceinline__ void hist_inc(uint32_t* hist, bool counted, uint32_t digit) {
+  if (counted) atomicAdd(&hist[digit], 1u);
 }
 
 // hist holds kPer * kThreads bins. Counting from the highest bin down, picks the bin where the
@@ -255,12 +375,17 @@ __device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Em
     uint32_t sk[kSamplePer];
     bool sok[kSamplePer];
     int n_samp = 0;
+    // All sample loads are issued before the first barrier (one memory latency, not 8).
 #pragma unroll
     for (int u = 0; u < kSamplePer; ++u) {
       const int slot = u * kThreads + tid;
       const int64_t pos = (slot / kSampleChunk) * len / kSampleChunks + slot % kSampleChunk;
       sok[u] = pos < len && r.valid(pos);
-      sk[u] = sok[u] ? order_key(r.bits(pos)) : 0u;
+      sk[u] = sok[u] ? r.bits(pos) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kSamplePer; ++u) {
+      sk[u] = order_key(sk[u]);
       n_samp += __syncthreads_count(sok[u]);
     }
     if (n_samp > 0) {
@@ -274,7 +399,7 @@ __device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Em
       clear(hist, kTopBins);
       __syncthreads();
 #pragma unroll
-      for (int u = 0; u < kSamplePer; ++u) hist_add(hist, sok[u], sk[u] >> (32 - kTopBits));
+      for (int u = 0; u < kSamplePer; ++u) hist_inc(hist, sok[u], sk[u] >> (32 - kTopBits));
       __syncthreads();
       choose_digit<kTopBins / kThreads>(hist, static_cast<uint32_t>(rank), sh);
       const uint32_t d1 = sh.chosen_digit;
@@ -283,7 +408,7 @@ __device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Em
       __syncthreads();
 #pragma unroll
       for (int u = 0; u < kSamplePer; ++u)
-        hist_add(hist, sok[u] && (sk[u] >> (32 - kTopBits)) == d1, (sk[u] >> (32 - kTopBits - kLowBits)) & (kLowBins - 1u));
+        hist_inc(hist, sok[u] && (sk[u] >> (32 - kTopBits)) == d1, (sk[u] >> (32 - kTopBits - kLowBits)) & (kLowBins - 1u));
       __syncthreads();
       choose_digit<kLowBins / kThreads>(hist, rem, sh);
       thr = (d1 << (32 - kTopBits)) | (sh.chosen_digit << (32 - kTopBits - kLowBits));
@@ -292,21 +417,9 @@ __device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Em
   __syncthreads();  // cand_n = 0 is visible
 
   // 2. Stream: append every key >= thr.
-  const uint32_t lt_mask = (1u << lane) - 1u;
-  visit<kUnroll>(r, false, [&](uint32_t b, int64_t pos, bool ok) {
-    const bool take = ok && order_key(b) >= thr;
-    const uint32_t ballot = __ballot_sync(0xffffffffu, take);
-    if (ballot == 0u) return;
-    uint32_t base = 0;
-    if (lane == 0) base = atomicAdd(&sh.cand_n, __popc(ballot));
-    base = __shfl_sync(0xffffffffu, base, 0);
-    const uint32_t p = base + __popc(ballot & lt_mask);
-    if (take && p < cap) {
-      cand_val[p] = b;
-      cand_idx[p] = static_cast<uint32_t>(pos);
-    }
-  });
+  stream_append<kUnroll>(r, thr, cap, cand_val, cand_idx, &sh.cand_n);
   __syncthreads();
+  const uint32_t lt_mask = (1u << lane) - 1u;
   const uint32_t n = sh.cand_n;
 
   if (n >= k && n <= cap) {
@@ -316,7 +429,7 @@ __device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Em
     __syncthreads();
     for (uint32_t j0 = 0; j0 < n; j0 += kThreads) {  // block-uniform trip count
       const uint32_t j = j0 + tid;
-      hist_add(hist, j < n, j < n ? order_key(cand_val[j]) >> (32 - kTopBits) : 0u);
+      hist_inc(hist, j < n, j < n ? order_key(cand_val[j]) >> (32 - kTopBits) : 0u);
     }
     __syncthreads();
     choose_digit<kTopBins / kThreads>(hist, remaining, sh);
@@ -329,7 +442,7 @@ __device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Em
       for (uint32_t j0 = 0; j0 < n; j0 += kThreads) {
         const uint32_t j = j0 + tid;
         const uint32_t key = j < n ? order_key(cand_val[j]) : 0u;
-        hist_add(hist, j < n && (key & mask) == prefix, (key >> shift) & (kLowBins - 1u));
+        hist_inc(hist, j < n && (key & mask) == prefix, (key >> shift) & (kLowBins - 1u));
       }
       __syncthreads();
       choose_digit<kLowBins / kThreads>(hist, remaining, sh);

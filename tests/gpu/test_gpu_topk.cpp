@@ -239,6 +239,35 @@ TEST(GpuTopk, RandomRowsTakeTheStreamingPath) {
   EXPECT_EQ(fallbacks(), before);
 }
 
+// The stream tests keys against the sampled threshold as floats (setp.ge.f32, no flush):
+// thresholds among denormals, among negative values, and above runs of +-0 must select
+// exactly what the integer keys do. Few rows split (segments of 16384), many take a row each.
+TEST(GpuTopk, StreamThresholdAmongDenormalsNegativesAndZeros) {
+  DSA_REQUIRE_GPU();
+  Rng rng(31);
+  for (const int64_t M : {3, 150}) {
+    const int64_t W = M == 3 ? 131072 : 32768;
+    std::vector<float> x(static_cast<size_t>(M * W));
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < W; ++j) {
+        float& v = x[static_cast<size_t>(i * W + j)];
+        const float n = static_cast<float>(rng.normal());
+        switch (i % 3) {
+          case 0: v = n * 1e-40f; break;  // denormals of both signs
+          case 1: v = n - 2.f; break;     // the threshold is negative
+          default: {
+            const int64_t c = j % 8;
+            v = c == 0 ? (j % 16 ? 0.f : -0.f) : c == 1 ? n * 1e-41f : -(1.f + std::fabs(n));
+          }
+        }
+      }
+    }
+    const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(W));
+    run_topk(x, M, W, 2048, len, len, true);
+    run_topk(x, M, W, 2048, len, len, true, /*bf16=*/true);
+  }
+}
+
 // Candidate-list overflow (every key passes any threshold) and underfill take the exact
 // fallback, on both paths; the counter proves the fallback ran.
 TEST(GpuTopk, OverflowTakesTheExactFallback) {
