@@ -19,9 +19,10 @@
 // rows are taken in "passes" of rows sharing one sequence (paged general form; flat rows and
 // decode blocks are one pass); a pass streams the key tiles of [min lo, max hi) of its rows
 // within the chunk, each tile once for all its rows and heads. Columns a row does not see
-// (outside [lo, hi)) are written by logits_fill_invalid_kernel, a separate pass with the same
-// row ranges; the main kernel writes exactly the valid columns (-inf for keys on unresolvable
-// pages). Every data-dependent index is clamped as in the mma.sync kernels.
+// (outside [lo, hi)) are written -inf by warps 1-3 of the producer warpgroup (idle otherwise:
+// rows strided over the grid, concurrently with the MMA work; a separate pass only when no
+// tile is computed); the consumers write exactly the valid columns (-inf for keys on
+// unresolvable pages). Every data-dependent index is clamped as in the mma.sync kernels.
 #pragma once
 #include <math_constants.h>
 
@@ -178,6 +179,20 @@ __device__ __forceinline__ void store_logit(const Args& a, int64_t r, int64_t c,
   else static_cast<float*>(a.out)[r * a.out0 + c] = v;
 }
 
+// -inf at the columns of row r outside its valid keys [lo, hi) (all columns when none), by
+// threads t of nt. The main kernel writes exactly the other columns, so the two never overlap.
+template <class Keys>
+__device__ __forceinline__ void fill_invalid_row(const Args& a, const Keys& keys, int64_t r, int t, int nt) {
+  const RowInfo ri = keys.row(r, a.col_offset, a.width);
+  int64_t vlo = a.width, vhi = a.width;
+  if (ri.hi > ri.lo) {
+    vlo = ri.lo - ri.base;
+    vhi = ri.hi - ri.base;
+  }
+  for (int64_t c = t; c < vlo; c += nt) store_logit(a, r, c, -CUDART_INF_F);
+  for (int64_t c = vhi + t; c < a.width; c += nt) store_logit(a, r, c, -CUDART_INF_F);
+}
+
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
 // Shared memory of one CTA (offsets from a 1024-aligned base).
@@ -227,6 +242,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {  // ---- producer ----
     hopper::regs_decrease<kProducerRegs>();
+    if (tid >= 32) {  // warps 1-3: the -inf columns of rows blockIdx.x + k * gridDim.x
+      if constexpr (kEpilogue)
+        for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) fill_invalid_row(a, keys, r, tid - 32, 96);
+      return;
+    }
     if (tid != 0) return;
     hopper::prefetch_tensor_map(&kmap);
     hopper::prefetch_tensor_map(&smap);
@@ -382,18 +402,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// -inf at the columns of each row outside its valid keys [lo, hi) (all columns when none).
+// The standalone -inf pass, for calls with no key tiles to compute (the main kernel is not
+// launched then; otherwise its idle producer warps do fill_invalid_row).
 template <class Keys>
 __global__ void logits_fill_invalid_kernel(const Args a, const Keys keys) {
-  const int64_t r = blockIdx.x;
-  const RowInfo ri = keys.row(r, a.col_offset, a.width);
-  int64_t vlo = a.width, vhi = a.width;
-  if (ri.hi > ri.lo) {
-    vlo = ri.lo - ri.base;
-    vhi = ri.hi - ri.base;
-  }
-  for (int64_t c = threadIdx.x; c < vlo; c += blockDim.x) store_logit(a, r, c, -CUDART_INF_F);
-  for (int64_t c = vhi + threadIdx.x; c < a.width; c += blockDim.x) store_logit(a, r, c, -CUDART_INF_F);
+  fill_invalid_row(a, keys, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 }  // namespace logits_wg

@@ -78,14 +78,13 @@ inline void plan_chunks(Args* a, int sms) {
 
 template <class Keys, int kHeads, int kRows, bool kEpilogue>
 StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s) {
-  if (kEpilogue) {
-    logits_fill_invalid_kernel<Keys><<<static_cast<unsigned>(a.rows), 256, 0, s>>>(a, keys);
-    const StatusCode st = last_launch_status();
-    if (st != StatusCode::kOk) return st;
-  }
   const int sms = sm_count();
   plan_chunks(&a, sms);
-  if (a.items == 0) return StatusCode::kOk;
+  if (a.items == 0) {  // no key tile anywhere: only -inf columns (the main kernel fills them otherwise)
+    if (!kEpilogue) return StatusCode::kOk;
+    logits_fill_invalid_kernel<Keys><<<static_cast<unsigned>(a.rows), 256, 0, s>>>(a, keys);
+    return last_launch_status();
+  }
   auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue>;
   constexpr int smem = Smem<kHeads * kRows, kRows>::kAlloc;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
