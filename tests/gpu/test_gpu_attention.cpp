@@ -808,7 +808,8 @@ TEST(GpuSparseMlaWgmma, KernelChoice) {
   in.q = make_q(1, 64, 1);
   in.K = 4;
   EXPECT_STREQ(kernel_for(flat, in), expected_kernel(flat, 64));
-  EXPECT_STREQ(kernel_for(fp8, in), "sparse_mla.mma_sync");
+  // FP8 caches go to the FP8 split-KV decode kernel on sm_90a (any T up to its token bound).
+  EXPECT_STREQ(kernel_for(fp8, in), "sparse_mla.wgmma_fp8_splitkv");
   for (int64_t H : {1, 8, 12, 16, 32, 33, 128}) {
     SparseInputs few;
     few.q = make_q(1, H, 1);
@@ -818,6 +819,7 @@ TEST(GpuSparseMlaWgmma, KernelChoice) {
   {
     ForceMmaSync force;
     EXPECT_STREQ(kernel_for(flat, in), "sparse_mla.mma_sync");
+    EXPECT_STREQ(kernel_for(fp8, in), "sparse_mla.mma_sync");
   }
   in.q.s1 = D + 3;  // queries without 16-byte rows stay on mma.sync
   in.q.s0 = 64 * in.q.s1;
