@@ -556,7 +556,7 @@ Status dist_topk(const DistTopkParams& p, Communicator& comm) {
   core::ArgCheck c = check_dist_topk(p, R);
   if (!c.ok()) return c.status();
   Device dev;
-  DSA_DIST_OK(core::pick_device(op, {&p.logits, &p.lengths, &p.indices, &p.values}, &dev));
+  DSA_DIST_OK(core::pick_device(op, {{&p.logits, "logits"}, {&p.lengths, "lengths"}, {&p.indices, "indices"}, {&p.values, "values"}}, &dev));
   if (dev != comm.device()) return fail(StatusCode::kInvalidArgument, op, "logits: expected the communicator's device");
   const int64_t M = p.logits.shape[0], W = p.logits.shape[1], k = p.k;
   if (dev.type == DeviceType::kCPU)
@@ -624,7 +624,7 @@ Status dcp_local_indices(const DcpLocalIndicesParams& p, int ranks, int rank) {
   c.tensor(p.out, "out", {DType::kI32}, {{M, "M"}, {K, "k"}});
   if (!c.ok()) return c.status();
   Device dev;
-  DSA_DIST_OK(core::pick_device(op, {&p.indices, &p.out}, &dev));
+  DSA_DIST_OK(core::pick_device(op, {{&p.indices, "indices"}, {&p.out, "out"}}, &dev));
   distops::LocalIndicesArgs la{p.indices, p.out, ranks, rank, p.interleave, p.stream};
   const StatusCode code = DSA_DIST_BACKEND(local_indices, la);
   return code == StatusCode::kOk ? Status::Ok() : core::backend_status(op, dev, code);
@@ -666,7 +666,7 @@ Status lse_merge(const LseMergeParams& p, Communicator& comm) {
   core::ArgCheck c = check_merge(p, R);
   if (!c.ok()) return c.status();
   Device dev;
-  DSA_DIST_OK(core::pick_device(op, {&p.out_partial, &p.lse_partial, &p.attn_sink, &p.out, &p.lse}, &dev));
+  DSA_DIST_OK(core::pick_device(op, {{&p.out_partial, "out_partial"}, {&p.lse_partial, "lse_partial"}, {&p.attn_sink, "attn_sink"}, {&p.out, "out"}, {&p.lse, "lse"}}, &dev));
   if (dev != comm.device()) return fail(StatusCode::kInvalidArgument, op, "out_partial: expected the communicator's device");
   const int64_t T = p.out_partial.shape[0], H = p.out_partial.shape[1], D = p.out_partial.shape[2];
   const int64_t es = static_cast<int64_t>(dtype_size(p.out_partial.dtype));
