@@ -146,7 +146,11 @@ __device__ __forceinline__ const uint8_t* key_row(const Problem& p, int64_t slot
 
 // The producer warpgroup (threads 0..127): Q rows 0 .. kQRows-1 (zero past nh) once, then
 // key tile it into buffer it & 1 after the buffer's previous use was released (empty).
-template <int kKv, int kQRows>
+// kDefer: tile it's arrivals are made after tile it + 1's copies are issued, so the copies of
+// consecutive tiles overlap (the bytes in flight never drain to zero between tiles). Used where
+// the producer is the bottleneck (few heads: consumers take alternate buffers and finish fast);
+// where the consumers are (64 heads), it would add the next tile's issue time to their wait.
+template <int kKv, int kQRows, bool kDefer = false>
 __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys, int32_t begin, int32_t end,
                                         int32_t n_tiles, int t, int h0, int nh, uint8_t* sQ, uint8_t* sK,
                                         int* sValid, int* sAny, uint64_t* bar_full, uint64_t* bar_full_b,
@@ -218,12 +222,30 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
     const unsigned ballot = __ballot_sync(0xffffffffu, any);
     if ((tid & 31) == 0) sAny[buf * 4 + (tid >> 5)] = ballot != 0u ? 1 : 0;
     if (it + 1 < n_tiles) load_slots(it + 1, slot);
+    if (!kDefer) {
+      cp_async_wait_group<1>();
+      hopper::fence_async_smem();
+      hopper::mbar_arrive(&bar_full[buf]);  // release: the first K blocks and the flags
+      cp_async_wait_group<0>();
+      hopper::fence_async_smem();
+      hopper::mbar_arrive(&bar_full_b[buf]);  // release: the remaining K blocks
+    } else if (it > 0) {  // tile it - 1 (two groups older than tile it's two)
+      cp_async_wait_group<3>();
+      hopper::fence_async_smem();
+      hopper::mbar_arrive(&bar_full[buf ^ 1]);
+      cp_async_wait_group<2>();
+      hopper::fence_async_smem();
+      hopper::mbar_arrive(&bar_full_b[buf ^ 1]);
+    }
+  }
+  if (kDefer) {  // the last tile
+    const int buf = (n_tiles - 1) & 1;
     cp_async_wait_group<1>();
     hopper::fence_async_smem();
-    hopper::mbar_arrive(&bar_full[buf]);  // release: the first K blocks and the flags
+    hopper::mbar_arrive(&bar_full[buf]);
     cp_async_wait_group<0>();
     hopper::fence_async_smem();
-    hopper::mbar_arrive(&bar_full_b[buf]);  // release: the remaining K blocks
+    hopper::mbar_arrive(&bar_full_b[buf]);
   }
 }
 
@@ -556,7 +578,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
 
   if (wg == 0) {
     hopper::regs_decrease<kProducerRegs>();
-    produce<kKv, kN>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_full_b, bar_empty, bar_q);
+    produce<kKv, kN, true>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_full_b, bar_empty, bar_q);
     return;
   }
 
