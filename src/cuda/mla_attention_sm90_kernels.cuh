@@ -6,9 +6,12 @@
 // are zero queries whose outputs are never stored). 3 warpgroups (384 threads):
 //  * WG0, producer (setmaxnreg down): loads Q [64 x 576] once, then gathers 64 selected keys a
 //    tile into one of two key buffers with 16-byte cp.async (8 threads per 128-byte row
-//    segment, coalesced), zero-filling invalid keys without reading them; writes the tile's
-//    valid flags; waits for its own copies, fence.proxy.async, arrives on the buffer's `full`
-//    mbarrier. A dequantising producer (FP8 cache, issue 13) would replace only this part.
+//    segment, coalesced; L2 evict_last + 256-byte prefetch), zero-filling invalid keys without
+//    reading them; writes the tile's valid flags. A tile arrives in two parts: K blocks 0..4
+//    (arrive on `full`) and 5..8 (arrive on `full_b`), each after the producer's own copies of
+//    that part completed and fence.proxy.async; the consumers start S on the first part. The
+//    indices of tile it + 1 are loaded while tile it is in flight. A dequantising producer (FP8
+//    cache, issue 13) would replace only this part.
 //  * WG1, WG2, consumers c = 0, 1 (setmaxnreg up): per key tile
 //      S_c[64 x 32]   = Q · K[keys 32c .. 32c+31]^T      wgmma m64n32k16 SS, 36 k-steps
 //      mask invalid keys to -inf, row max over the tile (exchanged through shared memory),
@@ -28,7 +31,9 @@
 // by both consumers.
 //
 // Synchronisation, per key buffer b (tile it uses b = it & 1, use u = it >> 1):
-//   full[b]  (128 producer arrivals): phase u completes when tile it's rows and flags are in.
+//   full[b]  (128 producer arrivals): phase u completes when tile it's K blocks 0..4 and flags
+//            are in; full_b[b] (128): when blocks 5..8 are in. A consumer skipping an all-invalid
+//            tile still waits full_b (the zero-fills land before the buffer is released).
 //   empty[b] (256 consumer arrivals): phase u completes when both consumers' wgmma reads of
 //            tile it finished; the producer waits for it before writing tile it + 2.
 //   Named barrier kBarMax (256 consumer threads): both row maxima of the tile are written.
@@ -74,11 +79,16 @@ constexpr int kSmemValid = kSmemP + kBlockBytes;      // int [2][64]
 constexpr int kSmemAny = kSmemValid + 2 * 64 * 4;     // int [2][4] (per producer warp)
 constexpr int kSmemMax = kSmemAny + 2 * 4 * 4;        // float [2][64]
 constexpr int kSmemSum = kSmemMax + 2 * 64 * 4;       // float [2][64]
-constexpr int kSmemBar = kSmemSum + 2 * 64 * 4;       // uint64 full[2], empty[2], q
-constexpr int kSmemUsed = kSmemBar + 5 * 8;
+constexpr int kSmemBar = kSmemSum + 2 * 64 * 4;       // uint64 full[2], empty[2], q, full_b[2]
+constexpr int kSmemUsed = kSmemBar + 7 * 8;
 constexpr int kSmemBytes = kSmemUsed + 1024;          // slack to align the base to 1024
 static_assert(kSmemBytes <= 232448, "fits the 227 KiB opt-in");
 static_assert(kTileHeads * kStageF32Stride * 4 <= kSmemP, "output staging fits in Q and K");
+
+// A key tile arrives in two parts: K blocks 0 .. kFirstBlocks-1 (full[b]), then the rest
+// (full_b[b]); the S GEMM starts on the first part while the second is still in flight.
+constexpr int kFirstBlocks = 5;
+constexpr int kFirstKSteps = kFirstBlocks * 4;  // k-steps of 16 over the first part
 
 constexpr int kBarMax = 1;
 constexpr int kBarP = 2;
@@ -108,6 +118,25 @@ __device__ __forceinline__ uint32_t swz_offset(int row, int ch) {
   return static_cast<uint32_t>((ch >> 3) * kBlockBytes + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
 }
 
+// Key rows: 16-byte cp.async with an L2 evict_last policy (selected rows are re-read by other
+// tokens; the streamed Q and outputs should leave L2 first) and a 256-byte L2 prefetch (a row is
+// 1152 contiguous bytes).
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void cp_async16_keep(uint32_t dst, const void* src, int src_bytes, uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(pol));
+}
+
+__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 template <int kKv>
 __device__ __forceinline__ const uint8_t* key_row(const Problem& p, int64_t slot) {
   if (kKv == kFlatBf16) return p.kv.base + slot * p.kv.row_stride_bytes;
@@ -117,11 +146,15 @@ __device__ __forceinline__ const uint8_t* key_row(const Problem& p, int64_t slot
 
 // The producer warpgroup (threads 0..127): Q rows 0 .. kQRows-1 (zero past nh) once, then
 // key tile it into buffer it & 1 after the buffer's previous use was released (empty).
-template <int kKv, int kQRows>
+// kDefer: tile it's arrivals are made after tile it + 1's copies are issued, so the copies of
+// consecutive tiles overlap (the bytes in flight never drain to zero between tiles). Used where
+// the producer is the bottleneck (few heads: consumers take alternate buffers and finish fast);
+// where the consumers are (64 heads), it would add the next tile's issue time to their wait.
+template <int kKv, int kQRows, bool kDefer = false>
 __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys, int32_t begin, int32_t end,
                                         int32_t n_tiles, int t, int h0, int nh, uint8_t* sQ, uint8_t* sK,
-                                        int* sValid, int* sAny, uint64_t* bar_full, uint64_t* bar_empty,
-                                        uint64_t* bar_q) {
+                                        int* sValid, int* sAny, uint64_t* bar_full, uint64_t* bar_full_b,
+                                        uint64_t* bar_empty, uint64_t* bar_q) {
   if (n_tiles == 0) return;
   const int tid = threadIdx.x;
   const int grp = tid >> 3;  // 16 groups of 8 threads; group g owns rows g, g+16, g+32, g+48
@@ -142,6 +175,18 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
   hopper::fence_async_smem();
   hopper::mbar_arrive(bar_q);
 
+  // The selected slots of tile it + 1 are loaded while tile it's rows are in flight (the index
+  // row is read once per token: those loads miss L2, and were on the gather's critical path).
+  const uint64_t pol = l2_evict_last_policy();
+  int64_t slot[4];
+  auto load_slots = [&](int32_t it, int64_t* out) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int32_t pos = begin + it * kTileKeys + grp + 16 * j;
+      out[j] = pos < end ? keys.slot(pos) : -1;
+    }
+  };
+  load_slots(0, slot);
   for (int32_t it = 0; it < n_tiles; ++it) {
     const int buf = it & 1;
     const int use = it >> 1;
@@ -151,23 +196,56 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = grp + 16 * j;
-      const int32_t pos = begin + it * kTileKeys + r;
-      const int64_t slot = pos < end ? keys.slot(pos) : -1;
-      const bool ok = slot >= 0;
+      const bool ok = slot[j] >= 0;
       any |= ok;
-      const uint8_t* src = ok ? key_row<kKv>(p, slot) : p.kv.base;
+      const uint8_t* src = ok ? key_row<kKv>(p, slot[j]) : p.kv.base;
 #pragma unroll
-      for (int b = 0; b < kKBlocks; ++b) {
+      for (int b = 0; b < kFirstBlocks; ++b) {
         const int ch = b * 8 + sub;
-        mla::cp_async16(hopper::smem_addr(dst + swz_offset(r, ch)), ok ? src + ch * 16 : p.kv.base, ok ? 16 : 0);
+        cp_async16_keep(hopper::smem_addr(dst + swz_offset(r, ch)), ok ? src + ch * 16 : p.kv.base, ok ? 16 : 0, pol);
       }
       if (sub == 0) sValid[buf * 64 + r] = ok ? 1 : 0;
     }
+    cp_async_commit_group();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = grp + 16 * j;
+      const bool ok = slot[j] >= 0;
+      const uint8_t* src = ok ? key_row<kKv>(p, slot[j]) : p.kv.base;
+#pragma unroll
+      for (int b = kFirstBlocks; b < kKBlocks; ++b) {
+        const int ch = b * 8 + sub;
+        cp_async16_keep(hopper::smem_addr(dst + swz_offset(r, ch)), ok ? src + ch * 16 : p.kv.base, ok ? 16 : 0, pol);
+      }
+    }
+    cp_async_commit_group();
     const unsigned ballot = __ballot_sync(0xffffffffu, any);
     if ((tid & 31) == 0) sAny[buf * 4 + (tid >> 5)] = ballot != 0u ? 1 : 0;
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (it + 1 < n_tiles) load_slots(it + 1, slot);
+    if (!kDefer) {
+      cp_async_wait_group<1>();
+      hopper::fence_async_smem();
+      hopper::mbar_arrive(&bar_full[buf]);  // release: the first K blocks and the flags
+      cp_async_wait_group<0>();
+      hopper::fence_async_smem();
+      hopper::mbar_arrive(&bar_full_b[buf]);  // release: the remaining K blocks
+    } else if (it > 0) {  // tile it - 1 (two groups older than tile it's two)
+      cp_async_wait_group<3>();
+      hopper::fence_async_smem();
+      hopper::mbar_arrive(&bar_full[buf ^ 1]);
+      cp_async_wait_group<2>();
+      hopper::fence_async_smem();
+      hopper::mbar_arrive(&bar_full_b[buf ^ 1]);
+    }
+  }
+  if (kDefer) {  // the last tile
+    const int buf = (n_tiles - 1) & 1;
+    cp_async_wait_group<1>();
     hopper::fence_async_smem();
-    hopper::mbar_arrive(&bar_full[buf]);  // release: rows and flags
+    hopper::mbar_arrive(&bar_full[buf]);
+    cp_async_wait_group<0>();
+    hopper::fence_async_smem();
+    hopper::mbar_arrive(&bar_full_b[buf]);
   }
 }
 
@@ -186,6 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
   uint64_t* bar_full = reinterpret_cast<uint64_t*>(smem + kSmemBar);
   uint64_t* bar_empty = bar_full + 2;
   uint64_t* bar_q = bar_full + 4;
+  uint64_t* bar_full_b = bar_full + 5;
 
   const int tid = threadIdx.x;
   const int wg = tid >> 7;
@@ -207,13 +286,15 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
     hopper::mbar_init(&bar_empty[0], 256);
     hopper::mbar_init(&bar_empty[1], 256);
     hopper::mbar_init(bar_q, 128);
+    hopper::mbar_init(&bar_full_b[0], 128);
+    hopper::mbar_init(&bar_full_b[1], 128);
     hopper::mbar_init_fence();
   }
   __syncthreads();
 
   if (wg == 0) {
     hopper::regs_decrease<kProducerRegs>();
-    produce<kKv, kTileHeads>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_empty, bar_q);
+    produce<kKv, kTileHeads>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_full_b, bar_empty, bar_q);
     return;
   }
 
@@ -238,6 +319,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
     const int* valid = sValid + buf * 64;
     const bool any = (sAny[buf * 4] | sAny[buf * 4 + 1] | sAny[buf * 4 + 2] | sAny[buf * 4 + 3]) != 0;
     if (!any) {  // uniform across both consumers: same flags
+      // The tile's zero-fills must have landed before the buffer is released (and before the
+      // epilogue reuses the key buffers as staging).
+      hopper::mbar_wait(&bar_full_b[buf], (it >> 1) & 1);
       hopper::mbar_arrive(&bar_empty[buf]);
       continue;
     }
@@ -251,6 +335,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
       const uint32_t in_row = static_cast<uint32_t>((kk >> 2) * kBlockBytes + (kk & 3) * 32);
       const uint64_t da = hopper::smem_desc(sQ + in_row, hopper::Swizzle::k128B, kKMajorLbo, kKMajorSbo);
       const uint64_t db = hopper::smem_desc(kt + in_row + c * 32 * 128, hopper::Swizzle::k128B, kKMajorLbo, kKMajorSbo);
+      if (kk == kFirstKSteps) {  // the rest of the tile: the first k-steps run meanwhile
+        hopper::wgmma_commit();
+        hopper::mbar_wait(&bar_full_b[buf], (it >> 1) & 1);
+        hopper::wgmma_fence();
+      }
       hopper::wgmma_bf16_ss<32, 0, 0>(s, da, db, kk > 0 ? 1 : 0);
     }
     hopper::wgmma_commit();
@@ -432,7 +521,7 @@ struct FewHeadsLayout {
   static constexpr int kSmemRed = kSmemAny + 2 * 4 * 4;        // float [2][4 warps][N]
   static constexpr int kSmemML = kSmemRed + 2 * 4 * kN * 4;    // float2 [2][N]
   static constexpr int kSmemBar = kSmemML + 2 * kN * 8;
-  static constexpr int kSmemUsed = kSmemBar + 5 * 8;
+  static constexpr int kSmemUsed = kSmemBar + 7 * 8;
   static constexpr int kSmemBytes = kSmemUsed + 1024;
   static constexpr int kStageStride = kVDim + 4;               // f32 staging [N][516] at kSmemK
   static_assert(kN * kStageStride * 4 <= 2 * kTileBytes, "staging fits in the key buffers");
@@ -459,6 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
   uint64_t* bar_full = reinterpret_cast<uint64_t*>(smem + L::kSmemBar);
   uint64_t* bar_empty = bar_full + 2;
   uint64_t* bar_q = bar_full + 4;
+  uint64_t* bar_full_b = bar_full + 5;
 
   const int tid = threadIdx.x;
   const int wg = tid >> 7;
@@ -480,13 +570,15 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
     hopper::mbar_init(&bar_empty[0], 128);  // buffer c is consumed by consumer c alone
     hopper::mbar_init(&bar_empty[1], 128);
     hopper::mbar_init(bar_q, 128);
+    hopper::mbar_init(&bar_full_b[0], 128);
+    hopper::mbar_init(&bar_full_b[1], 128);
     hopper::mbar_init_fence();
   }
   __syncthreads();
 
   if (wg == 0) {
     hopper::regs_decrease<kProducerRegs>();
-    produce<kKv, kN>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_empty, bar_q);
+    produce<kKv, kN, true>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_full_b, bar_empty, bar_q);
     return;
   }
 
@@ -519,6 +611,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
     const int* valid = sValid + c * 64;
     const bool any = (sAny[c * 4] | sAny[c * 4 + 1] | sAny[c * 4 + 2] | sAny[c * 4 + 3]) != 0;
     if (!any) {
+      hopper::mbar_wait(&bar_full_b[c], (it >> 1) & 1);  // zero-fills landed (see above)
       hopper::mbar_arrive(&bar_empty[c]);
       continue;
     }
@@ -530,6 +623,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
     for (int kk = 0; kk < kDim / 16; ++kk) {
       const uint64_t da = desc_at(k_addr + (kk >> 2) * kBlockBytes + (kk & 3) * 32, kKMajorLbo, kKMajorSbo);
       const uint64_t db = desc_at(q_addr + (kk >> 2) * L::kQBlock + (kk & 3) * 32, kKMajorLbo, kKMajorSbo);
+      if (kk == kFirstKSteps) {  // the rest of the tile: the first k-steps run meanwhile
+        hopper::wgmma_commit();
+        hopper::mbar_wait(&bar_full_b[c], (it >> 1) & 1);
+        hopper::wgmma_fence();
+      }
       hopper::wgmma_bf16_ss<kN, 0, 0>(s, da, db, kk > 0 ? 1 : 0);
     }
     hopper::wgmma_commit();

@@ -808,7 +808,8 @@ TEST(GpuSparseMlaWgmma, KernelChoice) {
   in.q = make_q(1, 64, 1);
   in.K = 4;
   EXPECT_STREQ(kernel_for(flat, in), expected_kernel(flat, 64));
-  EXPECT_STREQ(kernel_for(fp8, in), "sparse_mla.mma_sync");
+  // FP8 caches go to the FP8 split-KV decode kernel on sm_90a (any T up to its token bound).
+  EXPECT_STREQ(kernel_for(fp8, in), "sparse_mla.wgmma_fp8_splitkv");
   for (int64_t H : {1, 8, 12, 16, 32, 33, 128}) {
     SparseInputs few;
     few.q = make_q(1, H, 1);
@@ -818,6 +819,7 @@ TEST(GpuSparseMlaWgmma, KernelChoice) {
   {
     ForceMmaSync force;
     EXPECT_STREQ(kernel_for(flat, in), "sparse_mla.mma_sync");
+    EXPECT_STREQ(kernel_for(fp8, in), "sparse_mla.mma_sync");
   }
   in.q.s1 = D + 3;  // queries without 16-byte rows stay on mma.sync
   in.q.s0 = 64 * in.q.s1;
@@ -879,6 +881,32 @@ TEST(GpuSparseMlaWgmma, AllInvalidAndSinkInfinities) {
     const std::string what = "all invalid, sink +-inf, H=" + std::to_string(H);
     check_both_kernels(kv, in, ref, what);
     check_both_kernels(kv, in, ref, what + ", f32 out", {DType::kF32, 0});
+  }
+}
+
+// All-invalid 64-key tiles between valid ones, first and last (the consumers skip them while
+// the producer's zero-fills of their second part may still land; the few-heads producer keeps
+// two tiles in flight), over NaN-poisoned unused slots. K = 448: 7 tiles, no split-K.
+TEST(GpuSparseMlaWgmma, InvalidTilesBetweenValidOnes) {
+  DSA_REQUIRE_GPU();
+  auto used = [](int64_t s) { return s % 5 != 2; };
+  const HostKv kv = make_kv(KvMode::kPagedBf16, 16, 64, 70, used);
+  for (int64_t H : {64, 128, 32, 16, 8}) {
+    SparseInputs in;
+    const int64_t T = 5, K = 448;
+    in.q = make_q(T, H, 71 + H);
+    in.K = K;
+    in.indices = random_indices(T, K, kv.num_keys, 72 + H, 0.0, used);
+    // Row r keeps tile t valid when bit t of keep[r] is set; other tiles hold -1 or
+    // out-of-range indices (never read).
+    const int keep[T] = {0x55, 0x40, 0x01, 0x2A, 0x7F};
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t j = 0; j < K; ++j)
+        if (!((keep[r] >> (j / 64)) & 1))
+          in.indices[r * K + j] = j % 3 ? -1 : static_cast<int32_t>(kv.num_keys + j);
+    in.sink = random_sink(H, 73 + H);
+    const Ref ref = reference(kv, in.q, sparse_keys(kv, in), in.sink, all_of(T), all_of(H));
+    check_both_kernels(kv, in, ref, "invalid tiles between valid ones, H=" + std::to_string(H));
   }
 }
 
