@@ -17,7 +17,8 @@
 //       (9 blocks of 64 keys x 128 B): BF16 cache by TMA (one thread, 3-D tensor map over
 //       (576, page, num_blocks)); FP8 cache by 128 threads that gather 656-byte tokens,
 //       dequantise e4m3 x scale to bf16 (exact) and store them, while the consumers multiply
-//       the previous stage. It also publishes the stage's key-valid mask.
+//       the previous stage (tile t+1's tokens hinted into L2 and tile t+2's slots loaded while
+//       tile t is dequantised). It also publishes the stage's key-valid mask.
 //   WG0: S = Q K^T (m64n64, 36 k-steps), mask, online softmax (log2 units), P -> smem (bf16)
 //       and registers, O[:, 0:256] += P V (A from registers).
 //   WG1: O[:, 256:512] += P V (A = P from smem) after rescaling by WG0's per-row alpha.
@@ -482,9 +483,46 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t it = 0;
     while (next_piece(p, R, start, end, pos, pc)) {
       const UnitInfo ui = unit_info<kSparse>(p, pc.unit);
+      // FP8 gather: the cache slot of this thread's token (k = wtid / 2) in tile kt, or -1.
+      const int gk = wtid >> 1, ghalf = wtid & 1;
+      auto slot_of = [&](int32_t kt) -> int64_t {
+        const int64_t kpos = static_cast<int64_t>(kt) * kTileKeys + gk;
+        if (kt >= pc.kt1) return -1;
+        if (kSparse) {
+          if (kpos >= ui.kv_len) return -1;
+          const int64_t idx = p.indices[static_cast<int64_t>(ui.q0) * p.idx_s0 + kpos * p.idx_s1];
+          return (idx >= 0 && idx < p.num_slots) ? idx : -1;
+        }
+        const int64_t b = dense_block(p, pc.unit, ui, kpos);
+        return b >= 0 ? b * p.page + kpos % p.page : -1;
+      };
+      // This thread's half (328 bytes) of a token into L2, one hint per 32-byte sector.
+      auto prefetch_token = [&](int64_t slot) {
+        if (slot < 0) return;
+        const int64_t b = slot / p.page;
+        const uint8_t* t = p.cache + b * p.block_bytes + (slot - b * p.page) * 656 + ghalf * 328;
+#pragma unroll
+        for (int o = 0; o < 328; o += 32) hopper::prefetch_l2(t + o);
+        hopper::prefetch_l2(t + 327);
+      };
+      // Software pipeline (FP8): tile kt's tokens were hinted into L2 while tile kt - 1 was
+      // dequantised, and the index (or block-table entry) of tile kt + 2 is loaded one tile
+      // ahead, so the three dependent rounds of loads per token (scales and values of the two
+      // 128-dim groups, k_pe) hit L2 instead of each waiting for HBM.
+      int64_t slot_a = -1, slot_b = -1;
+      if constexpr (!kTma) {
+        slot_a = slot_of(pc.kt0);
+        prefetch_token(slot_a);
+        slot_b = slot_of(pc.kt0 + 1);
+      }
       for (int32_t kt = pc.kt0; kt < pc.kt1; ++kt, ++it) {
         const int s = it & 1;
         const uint32_t ph = (it >> 1) & 1;
+        int64_t slot_c = -1;
+        if constexpr (!kTma) {
+          prefetch_token(slot_b);
+          slot_c = slot_of(kt + 2);
+        }
         hopper::mbar_wait(&empty[s], ph ^ 1);
         uint8_t* dst = sK + s * kKBytes;
         const int64_t pos0 = static_cast<int64_t>(kt) * kTileKeys;
@@ -515,18 +553,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         } else {
           // 128 threads: token k = wtid / 2, half = wtid % 2 (values half*256 .. +256).
-          const int k = wtid >> 1, half = wtid & 1;
-          const int64_t kpos = pos0 + k;
-          int64_t slot = -1;
-          if (kSparse) {
-            if (kpos < ui.kv_len) {
-              const int64_t idx = p.indices[static_cast<int64_t>(ui.q0) * p.idx_s0 + kpos * p.idx_s1];
-              slot = (idx >= 0 && idx < p.num_slots) ? idx : -1;
-            }
-          } else {
-            const int64_t b = dense_block(p, pc.unit, ui, kpos);
-            slot = b >= 0 ? b * p.page + kpos % p.page : -1;
-          }
+          const int k = gk, half = ghalf;
+          (void)pos0;
+          const int64_t slot = slot_a;
+          slot_a = slot_b;
+          slot_b = slot_c;
           const bool valid = slot >= 0;
           const uint32_t bal = __ballot_sync(0xffffffffu, valid);
           if (lane == 0) {
