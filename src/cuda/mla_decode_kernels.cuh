@@ -890,10 +890,9 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
   const int d0 = (threadIdx.x & 127) * 4;
   const RowRef rr = row_ref<kSparse>(p, ui, local, r);
   if (!rr.valid) return;
-  // Branch-free bodies: every slot 2c / 2c + 1 lies inside the workspace ([2G][64] and
-  // [2G][64][512]), so its loads are always in bounds; a slot of an empty range or of a piece
-  // without a valid key (l == 0) may hold stale values and is dropped by the selects (never
-  // multiplied by a zero weight: stale NaN must not leak).
+  // Only slots of non-empty ranges are read (an empty range wrote nothing: initcheck), the
+  // loads predicated rather than branched around; a piece without a valid key (l == 0) is
+  // dropped by the selects.
   // Batches of kBatch pieces in straight-line code (indices past g_last clamped and
   // dropped), so that a batch's loads are issued before their first use.
   constexpr int kBatch = 8;
@@ -906,8 +905,8 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
       const int c = min(c0 + j, g_last);
       const int32_t sc0 = p.sched_pos[c], sc1 = p.sched_pos[c + 1];
       const int slot = sc0 >= a ? 2 * c : 2 * c + 1;
-      ml[j] = p.part_ml[slot * kRows + r];
       use[j] = c0 + j <= g_last && sc0 != sc1;
+      ml[j] = use[j] ? p.part_ml[slot * kRows + r] : make_float2(0.f, 0.f);
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) m = (use[j] && ml[j].y != 0.f) ? fmaxf(m, ml[j].x) : m;
@@ -923,9 +922,10 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
       const int c = min(c0 + j, g_last);
       const int32_t sc0 = p.sched_pos[c], sc1 = p.sched_pos[c + 1];
       const int slot = sc0 >= a ? 2 * c : 2 * c + 1;
-      ml[j] = p.part_ml[slot * kRows + r];
-      v[j] = *reinterpret_cast<const float4*>(p.part_o + (static_cast<int64_t>(slot) * kRows + r) * kVDim + d0);
       use[j] = c0 + j <= g_last && sc0 != sc1;
+      ml[j] = use[j] ? p.part_ml[slot * kRows + r] : make_float2(0.f, 0.f);
+      v[j] = use[j] ? *reinterpret_cast<const float4*>(p.part_o + (static_cast<int64_t>(slot) * kRows + r) * kVDim + d0)
+                    : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
