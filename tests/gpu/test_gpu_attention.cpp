@@ -1306,7 +1306,7 @@ TEST(GpuDecodeHopper, SchedulerManyUnits) {
   }
   {
     std::vector<std::pair<int64_t, int64_t>> seqs;
-    for (int64_t b = 0; b < 600; ++b) seqs.push_back({1 + b % 2, 1 + (b * 37) % 300});
+    for (int64_t b = 0; b < 600; ++b) seqs.push_back({1 + b % 2, std::max<int64_t>(1 + b % 2, 1 + (b * 37) % 300)});
     PagedSetup ps = paged_setup(KvMode::kPagedBf16, seqs, 64, 64, 1710);
     const Ref ref = reference(ps.kv, ps.in.q, dense_keys(ps.kv, ps.in), {}, {0, ps.in.q.T / 2, ps.in.q.T - 1},
                               sample_heads(64));
