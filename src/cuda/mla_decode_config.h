@@ -32,16 +32,16 @@ constexpr int kSmemP = kSmemK + kStages * kKBytes;        // 221184
 constexpr int kSmemAlpha = kSmemP + kBlockBytes;          // 229376: 64 f32
 constexpr int kSmemRowF = kSmemAlpha + kRows * 4;         // 2 x 64 f32
 constexpr int kSmemMask = kSmemRowF + 2 * kRows * 4;      // kStages x u64
-constexpr int kSmemBars = kSmemMask + kStages * 8;        // full[2], empty[2], p_full, p_empty
-constexpr int kSmemUsed = kSmemBars + 6 * 8;
+constexpr int kSmemBars = kSmemMask + kStages * 8;        // full[2], empty[2], p_full, p_empty, f_full
+constexpr int kSmemUsed = kSmemBars + 7 * 8;
 constexpr int kSmemBytes = kSmemUsed + 1024;              // + alignment slack
 static_assert(kSmemBytes <= 232448, "fits the 227 KiB opt-in");
 
 // Scheduling: one persistent CTA per SM walks a contiguous range of (row block, key tile)
 // positions; a row block cut by a range boundary leaves partials in slots 2g / 2g + 1.
 constexpr int kSchedThreads = 512;
-constexpr int kCombineThreads = 128;  // x 4 dims = 512
-constexpr int kCombineRows = 4;       // rows per combine block (grid.y = 64 / 4)
+constexpr int kCombineRows = 4;       // rows per combine block (grid.y = 64 / 4), one per 128 threads
+constexpr int kCombineThreads = 128 * kCombineRows;  // 128 x 4 dims = 512 per row
 
 }  // namespace mla_decode
 }  // namespace gpu

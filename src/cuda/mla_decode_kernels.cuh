@@ -17,12 +17,18 @@
 //       (9 blocks of 64 keys x 128 B): BF16 cache by TMA (one thread, 3-D tensor map over
 //       (576, page, num_blocks)); FP8 cache by 128 threads that gather 656-byte tokens,
 //       dequantise e4m3 x scale to bf16 (exact) and store them, while the consumers multiply
-//       the previous stage. It also publishes the stage's key-valid mask.
+//       the previous stage (tile t+1's tokens hinted into L2 and tile t+2's slots loaded while
+//       tile t is dequantised). It also publishes the stage's key-valid mask.
 //   WG0: S = Q K^T (m64n64, 36 k-steps), mask, online softmax (log2 units), P -> smem (bf16)
 //       and registers, O[:, 0:256] += P V (A from registers).
 //   WG1: O[:, 256:512] += P V (A = P from smem) after rescaling by WG0's per-row alpha.
 // Barriers: full[s] (producer -> consumers), empty[s] (256 consumer arrivals), p_full (WG0's
-// 128 arrivals: P and alpha written), p_empty (WG1's 128 arrivals: P consumed). Generic-proxy
+// 128 arrivals: P and alpha written), p_empty (WG1's 128 arrivals: P consumed), f_full (WG0's
+// 128 arrivals at the end of a piece: the per-row output factors rowf written). WG1 reads rowf
+// after waiting on f_full and the named barrier 2 (both warpgroups, once per piece). The named
+// barrier alone orders it (bar.sync orders the memory of its participants), but racecheck
+// reported the pair as a RAW hazard (round 1): the mbarrier makes the release/acquire explicit,
+// and barrier 2 keeps WG0 from completing phase k+1 before WG1 waited on phase k. Generic-proxy
 // writes that wgmma reads (Q, P, the dequantised FP8 tiles, zeroed rows) are followed by
 // fence.proxy.async before the barrier that publishes them.
 //
@@ -154,6 +160,7 @@ __device__ __forceinline__ int32_t rb_tiles(const DecodeProblem& p, const UnitIn
 }
 
 // Block-wide exclusive scan of one int64 per thread (kSchedThreads threads).
+static_assert(kSchedThreads % 32 == 0 && kSchedThreads / 32 <= 32, "one warp scans the warp sums");
 __device__ __forceinline__ int64_t block_exclusive_scan(int64_t v, int64_t* total, int64_t* s_warp) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int64_t x = v;
@@ -171,7 +178,9 @@ __device__ __forceinline__ int64_t block_exclusive_scan(int64_t v, int64_t* tota
       const int64_t y = __shfl_up_sync(0xffffffffu, w, o);
       if (lane >= o) w += y;
     }
-    s_warp[lane] = w;  // inclusive over warps
+    // inclusive over warps; only kSchedThreads / 32 entries exist (lanes past them hold the
+    // total and must not store: round 1's memcheck caught lanes 16..31 writing past s_warp)
+    if (lane < kSchedThreads / 32) s_warp[lane] = w;
   }
   __syncthreads();
   const int64_t before = (warp > 0 ? s_warp[warp - 1] : 0) + x - v;
@@ -444,6 +453,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = bars + 2;
   uint64_t* p_full = bars + 4;
   uint64_t* p_empty = bars + 5;
+  uint64_t* f_full = bars + 6;
 
   const int tid = threadIdx.x;
   const int wg = tid >> 7, wtid = tid & 127, lane = tid & 31, warp = (tid >> 5) & 3;
@@ -454,6 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     hopper::mbar_init(&empty[1], 256);
     hopper::mbar_init(p_full, 128);
     hopper::mbar_init(p_empty, 128);
+    hopper::mbar_init(f_full, 128);
     hopper::mbar_init_fence();
   }
   if (kTma && tid == 256) hopper::prefetch_tensor_map(&kv_map);
@@ -472,9 +483,46 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t it = 0;
     while (next_piece(p, R, start, end, pos, pc)) {
       const UnitInfo ui = unit_info<kSparse>(p, pc.unit);
+      // FP8 gather: the cache slot of this thread's token (k = wtid / 2) in tile kt, or -1.
+      const int gk = wtid >> 1, ghalf = wtid & 1;
+      auto slot_of = [&](int32_t kt) -> int64_t {
+        const int64_t kpos = static_cast<int64_t>(kt) * kTileKeys + gk;
+        if (kt >= pc.kt1) return -1;
+        if (kSparse) {
+          if (kpos >= ui.kv_len) return -1;
+          const int64_t idx = p.indices[static_cast<int64_t>(ui.q0) * p.idx_s0 + kpos * p.idx_s1];
+          return (idx >= 0 && idx < p.num_slots) ? idx : -1;
+        }
+        const int64_t b = dense_block(p, pc.unit, ui, kpos);
+        return b >= 0 ? b * p.page + kpos % p.page : -1;
+      };
+      // This thread's half (328 bytes) of a token into L2, one hint per 32-byte sector.
+      auto prefetch_token = [&](int64_t slot) {
+        if (slot < 0) return;
+        const int64_t b = slot / p.page;
+        const uint8_t* t = p.cache + b * p.block_bytes + (slot - b * p.page) * 656 + ghalf * 328;
+#pragma unroll
+        for (int o = 0; o < 328; o += 32) hopper::prefetch_l2(t + o);
+        hopper::prefetch_l2(t + 327);
+      };
+      // Software pipeline (FP8): tile kt's tokens were hinted into L2 while tile kt - 1 was
+      // dequantised, and the index (or block-table entry) of tile kt + 2 is loaded one tile
+      // ahead, so the three dependent rounds of loads per token (scales and values of the two
+      // 128-dim groups, k_pe) hit L2 instead of each waiting for HBM.
+      int64_t slot_a = -1, slot_b = -1;
+      if constexpr (!kTma) {
+        slot_a = slot_of(pc.kt0);
+        prefetch_token(slot_a);
+        slot_b = slot_of(pc.kt0 + 1);
+      }
       for (int32_t kt = pc.kt0; kt < pc.kt1; ++kt, ++it) {
         const int s = it & 1;
         const uint32_t ph = (it >> 1) & 1;
+        int64_t slot_c = -1;
+        if constexpr (!kTma) {
+          prefetch_token(slot_b);
+          slot_c = slot_of(kt + 2);
+        }
         hopper::mbar_wait(&empty[s], ph ^ 1);
         uint8_t* dst = sK + s * kKBytes;
         const int64_t pos0 = static_cast<int64_t>(kt) * kTileKeys;
@@ -505,18 +553,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         } else {
           // 128 threads: token k = wtid / 2, half = wtid % 2 (values half*256 .. +256).
-          const int k = wtid >> 1, half = wtid & 1;
-          const int64_t kpos = pos0 + k;
-          int64_t slot = -1;
-          if (kSparse) {
-            if (kpos < ui.kv_len) {
-              const int64_t idx = p.indices[static_cast<int64_t>(ui.q0) * p.idx_s0 + kpos * p.idx_s1];
-              slot = (idx >= 0 && idx < p.num_slots) ? idx : -1;
-            }
-          } else {
-            const int64_t b = dense_block(p, pc.unit, ui, kpos);
-            slot = b >= 0 ? b * p.page + kpos % p.page : -1;
-          }
+          const int k = gk, half = ghalf;
+          (void)pos0;
+          const int64_t slot = slot_a;
+          slot_a = slot_b;
+          slot_b = slot_c;
           const bool valid = slot >= 0;
           const uint32_t bal = __ballot_sync(0xffffffffu, valid);
           if (lane == 0) {
@@ -733,6 +774,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if ((lane & 3) == 0) rowf[r] = factor[hr];
       }
+      hopper::mbar_arrive(f_full);  // release: rowf of this piece for WG1
       named_bar_sync(2, 256);
       // fallthrough to the shared store below with dims 0..255
     } else {
@@ -756,6 +798,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         hopper::mbar_arrive(p_empty);
         hopper::mbar_arrive(&empty[s]);
       }
+      hopper::mbar_wait(f_full, piece_no & 1);  // acquire WG0's rowf (phase k = piece k)
       named_bar_sync(2, 256);
     }
 
@@ -810,7 +853,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- merging the pieces of row blocks that range boundaries cut ----------------------------
 // Block (g, y), 1 <= g < G: rows y * kCombineRows .. of the row block in which sched_pos[g]
-// is the first inner boundary (a cut row block has exactly one such g). 128 threads x 4 dims.
+// is the first inner boundary (a cut row block has exactly one such g). 128 threads x 4 dims
+// per row, kCombineRows rows per block.
 template <bool kSparse>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const DecodeProblem p) {
   const int g = blockIdx.x;
@@ -826,50 +870,87 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
   const int32_t a = p.rb_prefix[lo], b = p.rb_prefix[lo + 1];
   if (P == a || p.sched_pos[g - 1] > a) return;
   const int g_first = g - 1;
+  // Last CTA whose range starts inside the row block (sched_pos is nondecreasing and
+  // sched_pos[g] = P < b): a binary search, not a walk of dependent loads over ~G/2 CTAs.
   int g_last = g;
-  while (g_last + 1 < p.G && p.sched_pos[g_last + 1] < b) ++g_last;
+  {
+    int hi2 = p.G - 1;
+    while (g_last < hi2) {
+      const int mid = (g_last + hi2 + 1) >> 1;
+      if (p.sched_pos[mid] < b) g_last = mid; else hi2 = mid - 1;
+    }
+  }
   const UnitInfo ui = unit_info<kSparse>(p, p.rb_unit[lo]);
   const int local = p.rb_local[lo];
-  const int d0 = threadIdx.x * 4;
-  for (int r = blockIdx.y * kCombineRows; r < (blockIdx.y + 1) * kCombineRows; ++r) {
-    const RowRef rr = row_ref<kSparse>(p, ui, local, r);
-    if (!rr.valid) continue;
-    float m = -INFINITY;
-    for (int c = g_first; c <= g_last; ++c) {
-      if (p.sched_pos[c] == p.sched_pos[c + 1]) continue;  // an empty range holds no piece
-      const int slot = p.sched_pos[c] >= a ? 2 * c : 2 * c + 1;
-      const float2 ml = p.part_ml[slot * kRows + r];
-      if (ml.y != 0.f) m = fmaxf(m, ml.x);
-    }
-    float l = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int c = g_first; c <= g_last; ++c) {
-      if (p.sched_pos[c] == p.sched_pos[c + 1]) continue;
-      const int slot = p.sched_pos[c] >= a ? 2 * c : 2 * c + 1;
-      const float2 ml = p.part_ml[slot * kRows + r];
-      if (ml.y == 0.f) continue;  // a piece without a valid key holds no partial
-      const float w = exp2f(ml.x - m);
-      l += ml.y * w;
-      const float4 v = *reinterpret_cast<const float4*>(p.part_o + (static_cast<int64_t>(slot) * kRows + r) * kVDim + d0);
-      acc.x += w * v.x;
-      acc.y += w * v.y;
-      acc.z += w * v.z;
-      acc.w += w * v.w;
-    }
-    const bool any = l != 0.f;
-    const float lse = any ? (m + log2f(l)) * kLn2 : INFINITY;
-    float f = any ? 1.f / l : 0.f;
-    if (any && p.sink != nullptr) f /= 1.f + expf(p.sink[rr.h * p.sink_s] - lse);
-    if (threadIdx.x == 0) p.lse[rr.t * p.lse_s0 + static_cast<int64_t>(rr.h) * p.lse_s1] = lse;
-    const float v[4] = {acc.x * f, acc.y * f, acc.z * f, acc.w * f};
-    const int64_t e = static_cast<int64_t>(rr.t) * p.out_s0 + static_cast<int64_t>(rr.h) * p.out_s1 + d0;
+  // One row per 128 threads (kCombineRows rows in parallel), 4 dims per thread. The loops over
+  // the pieces are unrolled so that their loads are in flight together: a 128K-key sequence
+  // cut over 132 CTAs merges ~66 pieces per row, and one dependent L2 round trip per piece
+  // (round 1) made the combine cost more than the attention itself.
+  const int r = blockIdx.y * kCombineRows + (threadIdx.x >> 7);
+  const int d0 = (threadIdx.x & 127) * 4;
+  const RowRef rr = row_ref<kSparse>(p, ui, local, r);
+  if (!rr.valid) return;
+  // Only slots of non-empty ranges are read (an empty range wrote nothing: initcheck), the
+  // loads predicated rather than branched around; a piece without a valid key (l == 0) is
+  // dropped by the selects.
+  // Batches of kBatch pieces in straight-line code (indices past g_last clamped and
+  // dropped), so that a batch's loads are issued before their first use.
+  constexpr int kBatch = 8;
+  float m = -INFINITY;
+  for (int c0 = g_first; c0 <= g_last; c0 += kBatch) {
+    float2 ml[kBatch];
+    bool use[kBatch];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (p.out_bf16)
-        static_cast<uint16_t*>(p.out)[e + i] = float_to_bf16(v[i]);
-      else
-        static_cast<float*>(p.out)[e + i] = v[i];
+    for (int j = 0; j < kBatch; ++j) {
+      const int c = min(c0 + j, g_last);
+      const int32_t sc0 = p.sched_pos[c], sc1 = p.sched_pos[c + 1];
+      const int slot = sc0 >= a ? 2 * c : 2 * c + 1;
+      use[j] = c0 + j <= g_last && sc0 != sc1;
+      ml[j] = use[j] ? p.part_ml[slot * kRows + r] : make_float2(0.f, 0.f);
     }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) m = (use[j] && ml[j].y != 0.f) ? fmaxf(m, ml[j].x) : m;
+  }
+  float l = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int c0 = g_first; c0 <= g_last; c0 += kBatch) {
+    float2 ml[kBatch];
+    float4 v[kBatch];
+    bool use[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int c = min(c0 + j, g_last);
+      const int32_t sc0 = p.sched_pos[c], sc1 = p.sched_pos[c + 1];
+      const int slot = sc0 >= a ? 2 * c : 2 * c + 1;
+      use[j] = c0 + j <= g_last && sc0 != sc1;
+      ml[j] = use[j] ? p.part_ml[slot * kRows + r] : make_float2(0.f, 0.f);
+      v[j] = use[j] ? *reinterpret_cast<const float4*>(p.part_o + (static_cast<int64_t>(slot) * kRows + r) * kVDim + d0)
+                    : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const bool u = use[j] && ml[j].y != 0.f;  // a piece without a valid key holds no partial
+      const float w = u ? exp2f(ml[j].x - m) : 0.f;
+      l = u ? l + ml[j].y * w : l;
+      acc.x = u ? acc.x + w * v[j].x : acc.x;
+      acc.y = u ? acc.y + w * v[j].y : acc.y;
+      acc.z = u ? acc.z + w * v[j].z : acc.z;
+      acc.w = u ? acc.w + w * v[j].w : acc.w;
+    }
+  }
+  const bool any = l != 0.f;
+  const float lse = any ? (m + log2f(l)) * kLn2 : INFINITY;
+  float f = any ? 1.f / l : 0.f;
+  if (any && p.sink != nullptr) f /= 1.f + expf(p.sink[rr.h * p.sink_s] - lse);
+  if ((threadIdx.x & 127) == 0) p.lse[rr.t * p.lse_s0 + static_cast<int64_t>(rr.h) * p.lse_s1] = lse;
+  const float v[4] = {acc.x * f, acc.y * f, acc.z * f, acc.w * f};
+  const int64_t e = static_cast<int64_t>(rr.t) * p.out_s0 + static_cast<int64_t>(rr.h) * p.out_s1 + d0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (p.out_bf16)
+      static_cast<uint16_t*>(p.out)[e + i] = float_to_bf16(v[i]);
+    else
+      static_cast<float*>(p.out)[e + i] = v[i];
   }
 }
 

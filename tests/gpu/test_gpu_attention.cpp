@@ -1308,6 +1308,43 @@ TEST(GpuDecodeHopper, SparseFp8DecodeHeadsTopkLengthSink) {
   }
 }
 
+// More units than the scheduler's 512 threads (each thread scans several tokens or
+// sequences; all 16 warp sums of the block scan carry values). Round 1's scheduler wrote past
+// its warp-sum array in every call; compute-sanitizer memcheck over these tests finds such a
+// write, the comparisons find a schedule that loses or repeats row blocks.
+TEST(GpuDecodeHopper, SchedulerManyUnits) {
+  DSA_REQUIRE_GPU();
+  {
+    auto used = [](int64_t s) { return s % 7 != 3; };
+    const HostKv kv = make_kv(KvMode::kPagedFp8, 40, 64, 1700, used);
+    const int64_t T = 1100, H = 64, K = 192;
+    SparseInputs in;
+    in.q = make_q(T, H, 1701);
+    in.K = K;
+    in.indices = random_indices(T, K, kv.num_keys, 1702, 0.1, used);
+    FastRng rng(1703);
+    for (int64_t t = 0; t < T; ++t) in.topk_length.push_back(static_cast<int32_t>(rng.below(K + 1)));
+    const Ref ref = reference(kv, in.q, sparse_keys(kv, in), {}, {0, 511, 512, 1099}, sample_heads(H));
+    const Result g = run_sparse(kv, in, true);
+    expect_matches(g, ref, 2.0, "sparse fp8 T=1100");
+    const Result again = run_sparse(kv, in, true);
+    EXPECT_TRUE(g.raw == again.raw) << "sparse T=1100: repeated runs differ";
+    ForceMmaSync force;
+    expect_kernels_agree(g, run_sparse(kv, in, true), T, H, "sparse fp8 T=1100");
+  }
+  {
+    std::vector<std::pair<int64_t, int64_t>> seqs;
+    for (int64_t b = 0; b < 600; ++b) seqs.push_back({1 + b % 2, std::max<int64_t>(1 + b % 2, 1 + (b * 37) % 300)});
+    PagedSetup ps = paged_setup(KvMode::kPagedBf16, seqs, 64, 64, 1710);
+    const Ref ref = reference(ps.kv, ps.in.q, dense_keys(ps.kv, ps.in), {}, {0, ps.in.q.T / 2, ps.in.q.T - 1},
+                              sample_heads(64));
+    const Result a = run_dense(ps.kv, ps.in, true);
+    expect_matches(a, ref, 2.0, "dense B=600");
+    ForceMmaSync force;
+    expect_kernels_agree(a, run_dense(ps.kv, ps.in, true), ps.in.q.T, 64, "dense B=600");
+  }
+}
+
 TEST(GpuDecodeHopper, SparseFp8Batch128AgainstBf16Latents) {
   DSA_REQUIRE_GPU();
   // The benchmark shape, smaller cache: B=128 next_n=2, K=2048, H=128, against the
