@@ -92,6 +92,7 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   keys.num_blocks = p.cache.num_blocks;
   keys.block_table = i32_mat(p.block_table);
   keys.general = p.row_seq.present();
+  keys.skip_up_to = p.skip_rows_up_to;
   if (keys.general) {
     keys.row_seq = i32_vec(p.row_seq);
     keys.row_len = i32_vec(p.row_len);

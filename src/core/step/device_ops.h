@@ -12,6 +12,22 @@ namespace dsa {
 namespace core {
 namespace step {
 
+// Row tables of a graph-stable decode batch (StepParams::device_lengths), built on the device
+// from the device kv_lens: B sequences of next_n rows each; sequence b's kv_len is clamped to
+// [next_n, cap] (cap = min(max_context, max_blocks * page_size): out-of-range lengths cannot
+// reach past the plan or the block table), then row r = b * next_n + i gets
+//   row_seq = b, token_pos = kv - next_n + i, row_len = kv - next_n + i + 1,
+// and kv_lens_out[b] = kv.
+struct DecodeRowsArgs {
+  const int32_t* kv_lens = nullptr;
+  int64_t kv_stride = 1;
+  int64_t B = 0, next_n = 1, cap = 0;
+  int32_t* row_seq = nullptr;
+  int32_t* row_len = nullptr;
+  int32_t* token_pos = nullptr;
+  int32_t* kv_lens_out = nullptr;
+};
+
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
@@ -30,7 +46,13 @@ class DeviceOps {
   virtual Status capturing(void* stream, bool* out) const = 0;
   // Host metadata -> device memory (the workspace), ordered on the stream like every op.
   virtual Status upload(void* dst, const void* src, size_t bytes, void* stream) const = 0;
+  // DecodeRowsArgs on the stream (a loop on the CPU, one small kernel on CUDA): capturable, and
+  // replays read kv_lens' contents at replay time.
+  virtual Status decode_rows(const DecodeRowsArgs& a, void* stream) const = 0;
 };
+
+// The reference loop of decode_rows (the CPU backend runs it).
+void decode_rows_host(const DecodeRowsArgs& a);
 
 // The backend of `dev` (CUDA without the CUDA backend compiled in: one whose calls all return
 // kUnsupported).
@@ -45,5 +67,6 @@ const core::step::DeviceOps& step_device_ops_unsupported();  // CUDA plans witho
 }
 namespace gpu {
 const core::step::DeviceOps& step_device_ops();  // defined only with the CUDA backend
+Status launch_decode_rows(const core::step::DecodeRowsArgs& a, void* stream);  // step_rows.cu
 }
 }  // namespace dsa
