@@ -74,6 +74,18 @@ def plan(geometry="deepseek-v3.2", **limits):
     return Planner(geometry, **limits).plan()
 
 
+def _next_n(op, next_n, q_lens, cu_seqlens):
+    """0 (host-planned) or the graph-stable decode form's tokens per sequence."""
+    if next_n is None:
+        return 0
+    if isinstance(next_n, bool) or not isinstance(next_n, int) or next_n < 1:
+        raise ValueError("Attention.%s: next_n: expected an int >= 1 (graph-stable decode), got %r" % (op, next_n))
+    if q_lens is not None or cu_seqlens is not None:
+        raise ValueError("Attention.%s: q_lens, cu_seqlens: expected None with next_n (every sequence has next_n "
+                         "tokens)" % op)
+    return next_n
+
+
 class Attention:
     """One DSA layer step at a time over a plan (dsa/layer.h). The workspace (plan.workspace_bytes)
     is allocated on the first step in the framework and device of q and reused; pass workspace= to
@@ -90,7 +102,7 @@ class Attention:
     def step(self, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, *, role="full", index_q=None,
              index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
              attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
-             lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None):
+             lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None, next_n=None):
         """One step of the layer (SPEC 6): writes the new tokens into mla_cache (and index_cache),
         routes each sequence (dense when kv_len <= topk and nothing consumes its indices, else
         scored sparse; 'shared' layers reuse indices_in), and attends.
@@ -106,17 +118,24 @@ class Attention:
         route, chunks, tiles, workspace and score-region high-water marks, per-stage host ms
         ms_*, host_us; with time_stages=True on CUDA also GPU ms per stage gpu_ms_*, gpu_timed True
         when they were measured: the step then waits for its last stage; ignored while capturing).
+
+        Graph-stable decode: next_n=N (with q_lens=None) makes the batch B sequences of N tokens
+        each with kv_lens a [B] i32 tensor on the plan's device, read by the device; one CUDA graph
+        captured at batch size B then serves every later decode step of that size (update kv_lens,
+        block_table, positions and the inputs in place between replays). See
+        docs/engine-integration.md.
         """
         return self._layer("step", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
                            index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,
-                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens)
+                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n)
 
     def prepare(self, q_lens, kv_lens, block_table, *, positions=None, workspace=None, stream=None,
-                time_stages=False, cu_seqlens=None):
+                time_stages=False, cu_seqlens=None, next_n=None):
         """Plan once per step: validates the batch (q_lens, kv_lens, block_table, positions), builds
         its row tables and uploads them into the workspace, once for all layers of the step. Then
         run(...) each layer with the same batch arguments. The workspace is this object's (one
         for every layer; allocated in block_table's framework and device) unless given.
+        next_n=N (q_lens=None): the graph-stable decode form (see step).
         Returns the report dict (host_us: the host cost of the preparation)."""
         op = "prepare"
         _shape(op, "block_table", block_table, 2, "[B, max_blocks]")
@@ -124,20 +143,21 @@ class Attention:
         workspace = self._workspace_for(ctx, workspace)
         p = ctx.prep
         args = dict(q_lens=p(q_lens), cu_seqlens=p(cu_seqlens), kv_lens=p(kv_lens), block_table=p(block_table),
-                    positions=p(positions), workspace=p(workspace), time_stages=bool(time_stages))
+                    positions=p(positions), workspace=p(workspace), time_stages=bool(time_stages),
+                    next_n=_next_n(op, next_n, q_lens, cu_seqlens))
         with ctx.device_guard():
             return self._impl.step(args, ctx.stream, "prepare")
 
     def run(self, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, *, role="full", index_q=None,
             index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
             attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
-            lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None):
+            lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None, next_n=None):
         """Run per layer: one layer over the batch prepare() prepared, with step()'s arguments; the
         batch arguments (q_lens, kv_lens, block_table, positions, workspace) must be prepare's.
         Returns (out, lse, report); report["host_us"] is the layer's host cost."""
         return self._layer("run", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
                            index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,
-                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens)
+                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n)
 
     def _workspace_for(self, ctx, workspace):
         if workspace is None and self.plan.workspace_bytes > 0:
@@ -150,7 +170,7 @@ class Attention:
 
     def _layer(self, op, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k, index_w,
                cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in, indices_out,
-               force_score, out, lse, workspace, stream, time_stages, cu_seqlens):
+               force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n=None):
         T, H, _ = _shape(op, "q", q, 3, "[T, H, 576]")
         ctx = Context(op, q, "q", stream)
         if out is None:
@@ -165,7 +185,7 @@ class Attention:
                     attn_sink=p(attn_sink), sm_scale=float(sm_scale), mla_cache=p(mla_cache),
                     index_cache=p(index_cache), indices_in=p(indices_in), indices_out=p(indices_out),
                     force_score=bool(force_score), out=p(out), lse=p(lse), workspace=p(workspace),
-                    time_stages=bool(time_stages))
+                    time_stages=bool(time_stages), next_n=_next_n(op, next_n, q_lens, cu_seqlens))
         with ctx.device_guard():
             report = self._impl.step(args, ctx.stream, op)
         return out, lse, report

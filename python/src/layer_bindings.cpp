@@ -253,6 +253,8 @@ void bind_layer(py::module_& m) {
         p.q_lens = im.tensor(item(a, "q_lens"), "q_lens");
         p.cu_seqlens = im.tensor(item(a, "cu_seqlens"), "cu_seqlens");
         p.kv_lens = im.tensor(item(a, "kv_lens"), "kv_lens");
+        p.next_n = get<int64_t>(a, "next_n", 0);
+        p.device_lengths = p.next_n > 0;  // graph-stable decode (dsa/layer.h)
         p.block_table = im.tensor(item(a, "block_table"), "block_table");
         p.positions = im.tensor(item(a, "positions"), "positions");
         p.kv_c = im.tensor(item(a, "kv_c"), "kv_c", Reinterpret::kBF16);
