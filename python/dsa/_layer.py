@@ -50,20 +50,24 @@ class Planner:
 
     geometry: a preset name ('deepseek-v3.2', 'glm-5', 'glm-5.2') or a dict like
     dsa.geometry_preset() returns. Byte sizes take ints or strings ('512MiB', '141GiB').
-    device: 'cpu', 'cuda' or 'cuda:N'. plan() raises ValueError for limits the score budget cannot
+    device: 'cpu', 'cuda' or 'cuda:N'. Memory: the KV cache gets kv_cache_fraction (default 0.9) of
+    device_memory_bytes less the workspace; memory_is_exact=True gives it all of that (device_memory_bytes
+    is exactly DSA's share). plan.as_dict()["geometry"] has every geometry field, overrides included.
+    plan() raises ValueError for limits the score budget cannot
     serve, naming the smallest budget that works.
     """
 
     def __init__(self, geometry="deepseek-v3.2", *, cache_dtype="bf16", page_size=64, max_tokens_per_step=8192,
                  max_seqs_per_step=256, max_context=0, max_next_n=1, score_budget_bytes=512 << 20,
-                 device_memory_bytes=0, kv_cache_fraction=0.9, device="cpu"):
+                 device_memory_bytes=0, kv_cache_fraction=0.9, memory_is_exact=False, device="cpu"):
         self.geometry = geometry
         self.config = dict(cache_dtype=cache_dtype, page_size=int(page_size),
                            max_tokens_per_step=int(max_tokens_per_step), max_seqs_per_step=int(max_seqs_per_step),
                            max_context=int(max_context), max_next_n=int(max_next_n),
                            score_budget_bytes=_bytes("score_budget_bytes", score_budget_bytes),
                            device_memory_bytes=_bytes("device_memory_bytes", device_memory_bytes),
-                           kv_cache_fraction=float(kv_cache_fraction), device=str(device))
+                           kv_cache_fraction=float(kv_cache_fraction), memory_is_exact=bool(memory_is_exact),
+                           device=str(device))
 
     def plan(self):
         return Plan(_dsa.make_plan(self.geometry, dict(self.config)))

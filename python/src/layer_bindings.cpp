@@ -113,6 +113,29 @@ py::dict plan_dict(const dsa::Plan& p) {
   cfg["score_budget_bytes"] = c.score_budget_bytes;
   cfg["device_memory_bytes"] = c.device_memory_bytes;
   cfg["kv_cache_fraction"] = c.kv_cache_fraction;
+  cfg["memory_is_exact"] = c.memory_is_exact;
+  {
+    // The geometry the plan was made for, every field (preset values and overrides alike).
+    const dsa::ModelGeometry& g = c.geometry;
+    py::dict gd;
+    gd["name"] = g.name;
+    gd["num_heads"] = g.num_heads;
+    gd["kv_lora_rank"] = g.kv_lora_rank;
+    gd["qk_rope_head_dim"] = g.qk_rope_head_dim;
+    gd["qk_nope_head_dim"] = g.qk_nope_head_dim;
+    gd["v_head_dim"] = g.v_head_dim;
+    gd["q_lora_rank"] = g.q_lora_rank;
+    gd["index_heads"] = g.index_heads;
+    gd["index_head_dim"] = g.index_head_dim;
+    gd["topk"] = g.topk;
+    gd["index_rope"] = g.index_rope == dsa::RopeStyle::kInterleaved ? "interleaved" : "half_split";
+    gd["num_layers"] = g.num_layers;
+    gd["num_mtp_layers"] = g.num_mtp_layers;
+    gd["shared_indexer_pattern"] = g.shared_indexer_pattern;
+    gd["max_positions"] = g.max_positions;
+    gd["sm_scale"] = g.sm_scale;
+    d["geometry"] = gd;
+  }
   cfg["device"] = c.device.type == dsa::DeviceType::kCUDA ? "cuda:" + std::to_string(c.device.index) : "cpu";
   d["config"] = cfg;
 #define DSA_PY_FIELD(f) d[#f] = p.f
@@ -221,6 +244,7 @@ void bind_layer(py::module_& m) {
     cfg.score_budget_bytes = get<int64_t>(c, "score_budget_bytes", cfg.score_budget_bytes);
     cfg.device_memory_bytes = get<int64_t>(c, "device_memory_bytes", cfg.device_memory_bytes);
     cfg.kv_cache_fraction = get<double>(c, "kv_cache_fraction", cfg.kv_cache_fraction);
+    cfg.memory_is_exact = get<bool>(c, "memory_is_exact", cfg.memory_is_exact);
     cfg.device = device_from(get<std::string>(c, "device", "cpu"));
     dsa::Plan plan;
     check(dsa::make_plan(cfg, &plan));

@@ -177,3 +177,15 @@ def test_device_lengths_decode_equals_the_host_planned_step():
         attn.prepare(q_lens, kv_lens, table, next_n=2)
     with pytest.raises(ValueError, match="next_n"):
         attn.prepare(None, kv_lens, table, next_n=3)
+
+
+def test_plan_dict_shows_the_geometry_and_memory_semantics():
+    p = dsa.plan(dict(name="glm-5", num_heads=4, topk=512), max_context=8192, device_memory_bytes="8GiB")
+    d = p.as_dict()
+    assert d["geometry"]["name"] == "glm-5" and d["geometry"]["num_heads"] == 4 and d["geometry"]["topk"] == 512
+    assert d["geometry"]["index_rope"] in ("interleaved", "half_split")
+    assert d["config"]["memory_is_exact"] is False and d["config"]["kv_cache_fraction"] == 0.9
+    e = dsa.plan(dict(name="glm-5", num_heads=4, topk=512), max_context=8192, device_memory_bytes="8GiB",
+                 memory_is_exact=True)
+    assert e.as_dict()["config"]["memory_is_exact"] is True
+    assert e.kv_budget_bytes == (8 << 30) - e.workspace_bytes > p.kv_budget_bytes

@@ -120,7 +120,7 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
                  num(g.max_positions) + " (" + g.name + ")");
   if (c.score_budget_bytes <= 0) return invalid("score_budget_bytes: expected > 0, got " + num(c.score_budget_bytes));
   if (c.device_memory_bytes < 0) return invalid("device_memory_bytes: expected >= 0, got " + num(c.device_memory_bytes));
-  if (!(c.kv_cache_fraction > 0.0 && c.kv_cache_fraction <= 1.0))
+  if (!c.memory_is_exact && !(c.kv_cache_fraction > 0.0 && c.kv_cache_fraction <= 1.0))
     return invalid("kv_cache_fraction: expected in (0, 1], got " + std::to_string(c.kv_cache_fraction));
   const int64_t max_rows = std::max(c.max_tokens_per_step, c.max_seqs_per_step * c.max_next_n);
   if (max_rows > std::numeric_limits<int32_t>::max())
@@ -191,16 +191,17 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
   p.mla_page_bytes = c.page_size * mla_token_bytes(c.cache_dtype);
   p.indexer_page_bytes = c.page_size * kIndexerTokenBytes;
   const int64_t page_all_layers = p.mla_layers * p.mla_page_bytes + p.indexer_layers * p.indexer_page_bytes;
+  const double fraction = c.memory_is_exact ? 1.0 : c.kv_cache_fraction;
   if (c.device_memory_bytes > 0 && page_all_layers > 0) {
     const int64_t need_pages = (L + c.page_size - 1) / c.page_size;  // one sequence of max_context
     auto pages_for = [&](int64_t mem) -> int64_t {
       if (mem <= p.workspace_bytes) return 0;
-      const double kv = std::floor(static_cast<double>(mem - p.workspace_bytes) * c.kv_cache_fraction);
+      const double kv = std::floor(static_cast<double>(mem - p.workspace_bytes) * fraction);
       return static_cast<int64_t>(kv) / page_all_layers;
     };
     if (pages_for(c.device_memory_bytes) < need_pages) {
       int64_t mem = p.workspace_bytes +
-                    static_cast<int64_t>(std::ceil(static_cast<double>(need_pages * page_all_layers) / c.kv_cache_fraction));
+                    static_cast<int64_t>(std::ceil(static_cast<double>(need_pages * page_all_layers) / fraction));
       while (pages_for(mem) < need_pages) ++mem;
       while (mem > p.workspace_bytes + 1 && pages_for(mem - 1) >= need_pages) --mem;
       return limit("device_memory_bytes = " + bytes_str(c.device_memory_bytes) + " leaves room for " +
@@ -210,7 +211,7 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
                    bytes_str(mem));
     }
     p.kv_budget_bytes = static_cast<int64_t>(
-        std::floor(static_cast<double>(c.device_memory_bytes - p.workspace_bytes) * c.kv_cache_fraction));
+        std::floor(static_cast<double>(c.device_memory_bytes - p.workspace_bytes) * fraction));
     // Cache slots are i32 (SPEC §3.6 indices): no more pages than i32 can address.
     const int64_t max_pages = std::numeric_limits<int32_t>::max() / c.page_size;
     p.kv_pages = std::min(p.kv_budget_bytes / page_all_layers, max_pages);
