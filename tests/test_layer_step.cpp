@@ -205,6 +205,8 @@ struct RunOpts {
   int cu_seqlens = 0;  // 32 or 64: the batch as cu_seqlens of that width instead of q_lens
   bool device_lengths = false;  // graph-stable decode form (every q_len equal: next_n)
   std::function<void(StepParams&)> tweak;  // edits the params before the call
+  const std::vector<int64_t>* slot_mapping = nullptr;
+  bool positions64 = false;  // positions given as i64
 };
 
 Result run_step(World& w, const RunOpts& o) {
@@ -264,9 +266,18 @@ Result run_step(World& w, const RunOpts& o) {
   }
   if (o.want_indices && o.role != IndexerRole::kShared) p.indices_out = t_i32(r.indices.data(), {w.T, w.g.topk});
   std::vector<int32_t> pos_copy;
+  std::vector<int64_t> pos64, slots_copy;
   if (o.positions) {
     pos_copy = *o.positions;
     p.positions = t_i32(pos_copy.data(), {w.T});
+    if (o.positions64) {
+      pos64.assign(pos_copy.begin(), pos_copy.end());
+      p.positions = t_i64(pos64.data(), {w.T});
+    }
+  }
+  if (o.slot_mapping) {
+    slots_copy = *o.slot_mapping;
+    p.slot_mapping = t_i64(slots_copy.data(), {w.T});
   }
   p.force_score = o.force_score;
   p.time_stages = o.time_stages;
@@ -1314,4 +1325,99 @@ TEST(LayerStep, DeviceLengthsRefusals) {
   const Result hr = run_step(wide, host_run);
   EXPECT_EQ(hr.status.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(hr.status.to_string().find("device_lengths"), std::string::npos) << hr.status.to_string();
+}
+
+// ---- engine-shaped inputs: i64 positions, slot mappings, padded tokens ----
+
+// i64 positions equal i32 positions; a slot mapping equal to the block-table slots equals none.
+TEST(LayerStep, I64PositionsAndSlotMappingEqualTheDerivedForms) {
+  World w(tiny_geometry(64), {{3, 40}, {2, 100}, {20, 150}, {1, 1}}, 16, 701);
+  std::vector<int32_t> pos(static_cast<size_t>(w.T));
+  for (int64_t t = 0; t < w.T; ++t) pos[t] = w.row_pos[t] + 7;  // RoPE positions apart from cache positions
+  std::vector<int64_t> slots;
+  for (int64_t t = 0; t < w.T; ++t) slots.push_back(w.slot(w.row_seq[t], w.row_pos[t]));
+  for (IndexerRole role : {IndexerRole::kFull, IndexerRole::kMtp}) {
+    RunOpts a;
+    a.role = role;
+    a.positions = &pos;
+    const Result ref = run_step(w, a);
+    ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
+    RunOpts b = a;
+    b.positions64 = true;
+    b.slot_mapping = &slots;
+    const Result got = run_step(w, b);
+    ASSERT_TRUE(got.status.ok()) << got.status.to_string();
+    EXPECT_TRUE(same_bits(got.out, ref.out));
+    EXPECT_TRUE(same_bits(got.lse, ref.lse));
+    EXPECT_EQ(got.indices, ref.indices);
+    EXPECT_EQ(got.mla, ref.mla);
+    EXPECT_EQ(got.idx, ref.idx);
+  }
+}
+
+// Padded tokens (slot_mapping -1) at the end of a sequence and a sequence of padding only: they
+// are written to neither cache (every other byte as the unpadded step leaves it, theirs as before
+// the step), every other token's outputs are unchanged bit for bit, and their rows are out 0,
+// lse +inf, indices -1. Slot mappings that break the contract are refused before any write.
+TEST(LayerStep, PaddedTokensAreWrittenNowhereAndChangeNothingElse) {
+  World w(tiny_geometry(64), {{3, 40}, {4, 100}, {2, 2}, {1, 80}}, 16, 702);
+  std::vector<int64_t> slots;
+  for (int64_t t = 0; t < w.T; ++t) slots.push_back(w.slot(w.row_seq[t], w.row_pos[t]));
+  std::vector<bool> pad(static_cast<size_t>(w.T), false);
+  // Sequence 0's last token, sequence 1's last two, all of sequence 2 (a padding sequence).
+  for (int64_t t : {int64_t{2}, int64_t{5}, int64_t{6}, int64_t{7}, int64_t{8}}) pad[t] = true;
+  std::vector<int64_t> padded = slots;
+  for (int64_t t = 0; t < w.T; ++t)
+    if (pad[t]) padded[t] = -1;
+  for (IndexerRole role : {IndexerRole::kFull, IndexerRole::kMtp}) {
+    SCOPED_TRACE(role == IndexerRole::kFull ? "full" : "mtp");
+    RunOpts a;
+    a.role = role;
+    const Result ref = run_step(w, a);
+    ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
+    RunOpts b = a;
+    b.slot_mapping = &padded;
+    const Result got = run_step(w, b);
+    ASSERT_TRUE(got.status.ok()) << got.status.to_string();
+    std::vector<uint8_t> want_mla = ref.mla, want_idx = ref.idx;
+    const int64_t mtb = mla_token_bytes(w.dtype);
+    for (int64_t t = 0; t < w.T; ++t) {
+      if (!pad[t]) continue;
+      const int64_t s = slots[t], blk = s / w.page, off = s % w.page;
+      std::memcpy(&want_mla[(blk * w.page + off) * mtb], &w.mla0[(blk * w.page + off) * mtb], static_cast<size_t>(mtb));
+      const int64_t ib = blk * w.page * kIndexerTokenBytes;
+      std::memcpy(&want_idx[ib + off * 128], &w.idx0[ib + off * 128], 128);
+      std::memcpy(&want_idx[ib + w.page * 128 + off * 4], &w.idx0[ib + w.page * 128 + off * 4], 4);
+    }
+    EXPECT_EQ(got.mla, want_mla) << "MLA cache: padded tokens written, or real ones not";
+    EXPECT_EQ(got.idx, want_idx) << "indexer cache: padded tokens written, or real ones not";
+    for (int64_t t = 0; t < w.T; ++t) {
+      const float* o = got.out.data() + t * kH * 512;
+      if (pad[t]) {
+        for (int64_t j = 0; j < kH * 512; ++j) ASSERT_EQ(o[j], 0.0f) << "padded row " << t;
+        for (int64_t h = 0; h < kH; ++h) ASSERT_EQ(got.lse[t * kH + h], std::numeric_limits<float>::infinity());
+        for (int64_t j = 0; j < w.g.topk; ++j) ASSERT_EQ(got.indices[t * w.g.topk + j], -1);
+      } else {
+        ASSERT_EQ(0, std::memcmp(o, ref.out.data() + t * kH * 512, kH * 512 * 4)) << "row " << t;
+        ASSERT_EQ(0, std::memcmp(&got.lse[t * kH], &ref.lse[t * kH], kH * 4)) << "row " << t;
+        ASSERT_EQ(0, std::memcmp(&got.indices[t * w.g.topk], &ref.indices[t * w.g.topk], w.g.topk * 4)) << "row " << t;
+      }
+    }
+  }
+  // Refused, caches untouched: a real token after a padded one; a slot that is not the token's.
+  auto refused = [&](const std::vector<int64_t>& sm, const std::string& needle) {
+    RunOpts o;
+    o.slot_mapping = &sm;
+    const Result r = run_step(w, o);
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << r.status.to_string();
+    EXPECT_NE(r.status.to_string().find(needle), std::string::npos) << r.status.to_string();
+    EXPECT_EQ(r.mla, w.mla0);
+    EXPECT_EQ(r.idx, w.idx0);
+  };
+  std::vector<int64_t> gap = slots;
+  gap[1] = -1;  // sequence 0: token 2 would attend token 1's unwritten key
+  refused(gap, "slot_mapping[2]");
+  std::vector<int64_t> wrong = slots;
+  wrong[4] = slots[3];
+  refused(wrong, "slot_mapping[4]");
 }

@@ -30,7 +30,7 @@ Status quantize_fp8(const QuantizeFp8Params& p);
 struct PrepareIndexerQParams {
   TensorDesc q;            // [T, H_idx, 128] f32 or bf16, last dim contiguous
   TensorDesc weights;      // [T, H_idx] f32 or bf16: the per-head gate w
-  TensorDesc positions;    // [T] i32
+  TensorDesc positions;    // [T] i32 or i64
   TensorDesc cos_sin;      // [max_positions, 64] f32
   RopeStyle rope = RopeStyle::kHalfSplit;
   bool hadamard = false;
@@ -45,7 +45,7 @@ Status prepare_indexer_q(const PrepareIndexerQParams& p);
 // scale per token. Feed the result to write_indexer_cache.
 struct PrepareIndexerKParams {
   TensorDesc k;          // [T, 128] f32 or bf16, last dim contiguous
-  TensorDesc positions;  // [T] i32
+  TensorDesc positions;  // [T] i32 or i64
   TensorDesc cos_sin;    // [max_positions, 64] f32
   RopeStyle rope = RopeStyle::kHalfSplit;
   bool hadamard = false;

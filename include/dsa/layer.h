@@ -42,7 +42,7 @@ struct StepParams {
                            // SGLang extend_start_loc with extend_seq_lens appended)
   TensorDesc kv_lens;      // [B] i32, host memory (device memory with device_lengths, below)
   TensorDesc block_table;  // [B, max_blocks] i32 on the device: pages of both caches
-  TensorDesc positions;    // optional [T] i32 on the device: RoPE positions (default: cache positions)
+  TensorDesc positions;    // optional [T] i32 or i64 on the device: RoPE positions (default: cache positions)
 
   // Graph-stable decode. With device_lengths, the batch is B decode sequences of next_n tokens
   // each (T = B * next_n, q_lens / cu_seqlens not given) and kv_lens is a [B] i32 tensor on the
@@ -60,6 +60,17 @@ struct StepParams {
   // Prefill and mixed batches stay host-planned (device_lengths = false).
   bool device_lengths = false;
   int64_t next_n = 0;      // device_lengths: tokens per sequence, 1 .. plan max_next_n
+
+  // Optional [T] i64 cache slot per token (vLLM slot_mapping, SGLang out_cache_loc), on the
+  // plan's device, the same for every layer of a step. A slot >= 0 must be the token's slot in
+  // the block table (block_table[seq][pos / page] * page + pos % page: attention reads keys
+  // through the block table); -1 marks a padded token: it is written to neither cache and its
+  // output rows are defined as out = 0, lse = +inf, indices_out = -1. No other token of the
+  // step may attend a padded one, so padding goes at the end of a sequence (or in a sequence of
+  // its own); its sequence's block-table row must still name valid pages (they are read, never
+  // written). Host-resident slot mappings (CPU) are checked against all of this before
+  // anything is written; on CUDA they are the engine's to keep.
+  TensorDesc slot_mapping;
 
   // The new tokens' inputs.
   TensorDesc kv_c;         // [T, 512] bf16/f32: MLA latent

@@ -106,7 +106,8 @@ class Attention:
     def step(self, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, *, role="full", index_q=None,
              index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
              attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
-             lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None, next_n=None):
+             lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None, next_n=None,
+             slot_mapping=None):
         """One step of the layer (SPEC 6): writes the new tokens into mla_cache (and index_cache),
         routes each sequence (dense when kv_len <= topk and nothing consumes its indices, else
         scored sparse; 'shared' layers reuse indices_in), and attends.
@@ -128,10 +129,16 @@ class Attention:
         captured at batch size B then serves every later decode step of that size (update kv_lens,
         block_table, positions and the inputs in place between replays). See
         docs/engine-integration.md.
+
+        slot_mapping ([T] int64 on the plan's device, optional): each token's cache slot (vLLM
+        slot_mapping, SGLang out_cache_loc), equal to its block-table slot, or -1 for a padded token:
+        written nowhere, its rows out = 0, lse = +inf, indices_out = -1; padding goes at the end of a
+        sequence (no other token may attend it).
         """
         return self._layer("step", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
                            index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,
-                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n)
+                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n,
+                           slot_mapping)
 
     def prepare(self, q_lens, kv_lens, block_table, *, positions=None, workspace=None, stream=None,
                 time_stages=False, cu_seqlens=None, next_n=None):
@@ -155,13 +162,15 @@ class Attention:
     def run(self, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, *, role="full", index_q=None,
             index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
             attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
-            lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None, next_n=None):
+            lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None, next_n=None,
+            slot_mapping=None):
         """Run per layer: one layer over the batch prepare() prepared, with step()'s arguments; the
         batch arguments (q_lens, kv_lens, block_table, positions, workspace) must be prepare's.
         Returns (out, lse, report); report["host_us"] is the layer's host cost."""
         return self._layer("run", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
                            index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,
-                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n)
+                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n,
+                           slot_mapping)
 
     def _workspace_for(self, ctx, workspace):
         if workspace is None and self.plan.workspace_bytes > 0:
@@ -174,7 +183,7 @@ class Attention:
 
     def _layer(self, op, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k, index_w,
                cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in, indices_out,
-               force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n=None):
+               force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n=None, slot_mapping=None):
         T, H, _ = _shape(op, "q", q, 3, "[T, H, 576]")
         ctx = Context(op, q, "q", stream)
         if out is None:
@@ -189,7 +198,8 @@ class Attention:
                     attn_sink=p(attn_sink), sm_scale=float(sm_scale), mla_cache=p(mla_cache),
                     index_cache=p(index_cache), indices_in=p(indices_in), indices_out=p(indices_out),
                     force_score=bool(force_score), out=p(out), lse=p(lse), workspace=p(workspace),
-                    time_stages=bool(time_stages), next_n=_next_n(op, next_n, q_lens, cu_seqlens))
+                    time_stages=bool(time_stages), next_n=_next_n(op, next_n, q_lens, cu_seqlens),
+                    slot_mapping=p(slot_mapping))
         with ctx.device_guard():
             report = self._impl.step(args, ctx.stream, op)
         return out, lse, report

@@ -281,6 +281,7 @@ void bind_layer(py::module_& m) {
         p.device_lengths = p.next_n > 0;  // graph-stable decode (dsa/layer.h)
         p.block_table = im.tensor(item(a, "block_table"), "block_table");
         p.positions = im.tensor(item(a, "positions"), "positions");
+        p.slot_mapping = im.tensor(item(a, "slot_mapping"), "slot_mapping");
         p.kv_c = im.tensor(item(a, "kv_c"), "kv_c", Reinterpret::kBF16);
         p.k_pe = im.tensor(item(a, "k_pe"), "k_pe", Reinterpret::kBF16);
         p.q = im.tensor(item(a, "q"), "q", Reinterpret::kBF16);

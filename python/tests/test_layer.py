@@ -189,3 +189,36 @@ def test_plan_dict_shows_the_geometry_and_memory_semantics():
                  memory_is_exact=True)
     assert e.as_dict()["config"]["memory_is_exact"] is True
     assert e.kv_budget_bytes == (8 << 30) - e.workspace_bytes > p.kv_budget_bytes
+
+
+def test_slot_mapping_i64_positions_and_padded_tokens():
+    q_lens, kv_lens, table, mla, idx_cache, cos_sin, new = _step_case(seed=64)
+    plan = dsa.plan(GEOM, page_size=16, max_tokens_per_step=64, max_seqs_per_step=4, max_context=112)
+    T = new["q"].shape[0]
+    args = dict(index_q=new["index_q"], index_k=new["index_k"], index_w=new["index_w"], cos_sin=cos_sin, sm_scale=0.1)
+    pos = np.concatenate([np.arange(k - q, k) for q, k in zip(q_lens, kv_lens)]).astype(np.int64)
+    seq = np.repeat(np.arange(len(q_lens)), q_lens)
+    slots = np.array([table[s, p // 16] * 16 + p % 16 for s, p in zip(seq, pos)], np.int64)
+    ref_mla, ref_idx, ref_ind = mla.copy(), idx_cache.copy(), np.full((T, 64), -7, np.int32)
+    ref_out, ref_lse, _ = dsa.Attention(plan).step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, ref_mla,
+                                                   index_cache=ref_idx, indices_out=ref_ind, **args)
+    m, c, ind = mla.copy(), idx_cache.copy(), np.full((T, 64), -7, np.int32)
+    out, lse, _ = dsa.Attention(plan).step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, m,
+                                           index_cache=c, indices_out=ind, positions=pos, slot_mapping=slots, **args)
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(m, ref_mla)
+    # The last token of each sequence padded: written nowhere, rows 0 / +inf / -1, others unchanged.
+    padded = slots.copy()
+    last = np.cumsum(q_lens) - 1
+    padded[last] = -1
+    m, c, ind = mla.copy(), idx_cache.copy(), np.full((T, 64), -7, np.int32)
+    out, lse, _ = dsa.Attention(plan).step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, m,
+                                           index_cache=c, indices_out=ind, slot_mapping=padded, **args)
+    real = np.setdiff1d(np.arange(T), last)
+    np.testing.assert_array_equal(out[real], ref_out[real])
+    np.testing.assert_array_equal(lse[real], ref_lse[real])
+    np.testing.assert_array_equal(ind[real], ref_ind[real])
+    assert (out[last] == 0).all() and np.isposinf(lse[last]).all() and (ind[last] == -1).all()
+    flat, ref_flat, old_flat = m.reshape(-1, 1152), ref_mla.reshape(-1, 1152), mla.reshape(-1, 1152)
+    np.testing.assert_array_equal(flat[slots[last]], old_flat[slots[last]])
+    np.testing.assert_array_equal(flat[slots[real]], ref_flat[slots[real]])

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -634,4 +635,75 @@ TEST(GpuStepGraph, OneDecodeGraphServesGrowingContexts) {
   EXPECT_TRUE(crossed);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+// Engine-shaped inputs on CUDA: i64 positions equal to the cache positions and a slot mapping
+// equal to the block-table slots change no byte; padded tokens (slot -1, at the ends of
+// sequences and one padding-only sequence) are written nowhere, their rows are out 0, lse +inf,
+// indices -1, and every other row and cache byte equals the unpadded step's.
+TEST(GpuStepGraph, I64PositionsSlotMappingAndPaddedTokens) {
+  DSA_REQUIRE_GPU();
+  const Batch b = make_batch({{3, 40}, {4, 100}, {2, 2}, {1, 80}}, 91);
+  Plan plan;
+  ASSERT_TRUE(make_plan(config(b.T, b.B, b.max_kv, kDefaultScoreBudgetBytes), &plan).ok());
+  StreamGuard stream;
+  DeviceBuffer ws(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+  DeviceStep st(b, ws.data(), ws.size(), stream.s);
+  Attention attn(plan);
+  Status r = attn.step(st.p);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  const Snapshot ref = snapshot(st);
+  std::vector<int64_t> pos, slots;
+  for (int64_t s = 0; s < b.B; ++s)
+    for (int32_t i = 0; i < b.q_lens[s]; ++i) {
+      const int64_t p = b.kv_lens[s] - b.q_lens[s] + i;
+      pos.push_back(p);
+      slots.push_back(int64_t{b.block_table[s * b.max_blocks + p / kPage]} * kPage + p % kPage);
+    }
+  DeviceBuffer dpos(pos), dslots(slots);
+  st.reset();
+  st.p.positions = dev_tensor(dpos, DType::kI64, {b.T});
+  st.p.slot_mapping = dev_tensor(dslots, DType::kI64, {b.T});
+  r = attn.step(st.p);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  EXPECT_TRUE(same(snapshot(st), ref, "i64 positions + slot mapping"));
+
+  std::vector<bool> pad(static_cast<size_t>(b.T), false);
+  for (int64_t t : {int64_t{2}, int64_t{5}, int64_t{6}, int64_t{7}, int64_t{8}}) pad[t] = true;
+  std::vector<int64_t> padded = slots;
+  for (int64_t t = 0; t < b.T; ++t)
+    if (pad[t]) padded[t] = -1;
+  DeviceBuffer dpad(padded);
+  st.reset();
+  st.p.slot_mapping = dev_tensor(dpad, DType::kI64, {b.T});
+  r = attn.step(st.p);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  ASSERT_TRUE(device_clean());
+  const Snapshot got = snapshot(st);
+  std::vector<uint8_t> want_mla = ref.mla, want_idx = ref.idx;
+  for (int64_t t = 0; t < b.T; ++t) {
+    if (!pad[t]) continue;
+    const int64_t s = slots[t], blk = s / kPage, off = s % kPage;
+    std::memcpy(&want_mla[s * kMlaBf16TokenBytes], &b.mla[s * kMlaBf16TokenBytes], kMlaBf16TokenBytes);
+    const int64_t ib = blk * kPage * kIndexerTokenBytes;
+    std::memcpy(&want_idx[ib + off * 128], &b.idx[ib + off * 128], 128);
+    std::memcpy(&want_idx[ib + kPage * 128 + off * 4], &b.idx[ib + kPage * 128 + off * 4], 4);
+  }
+  EXPECT_TRUE(same_bits(got.mla, want_mla, "MLA cache with padded tokens"));
+  EXPECT_TRUE(same_bits(got.idx, want_idx, "indexer cache with padded tokens"));
+  for (int64_t t = 0; t < b.T; ++t) {
+    const size_t o = static_cast<size_t>(t * kH * 512), l = static_cast<size_t>(t * kH), k = static_cast<size_t>(t * kK);
+    if (pad[t]) {
+      for (int64_t j = 0; j < kH * 512; ++j) ASSERT_EQ(got.out[o + j], 0.0f) << "padded row " << t;
+      for (int64_t h = 0; h < kH; ++h) ASSERT_EQ(got.lse[l + h], std::numeric_limits<float>::infinity());
+      for (int64_t j = 0; j < kK; ++j) ASSERT_EQ(got.indices[k + j], -1);
+    } else {
+      ASSERT_EQ(0, std::memcmp(&got.out[o], &ref.out[o], kH * 512 * 4)) << "row " << t;
+      ASSERT_EQ(0, std::memcmp(&got.lse[l], &ref.lse[l], kH * 4)) << "row " << t;
+      ASSERT_EQ(0, std::memcmp(&got.indices[k], &ref.indices[k], kK * 4)) << "row " << t;
+    }
+  }
 }

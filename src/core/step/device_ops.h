@@ -28,6 +28,20 @@ struct DecodeRowsArgs {
   int32_t* kv_lens_out = nullptr;
 };
 
+// The rows of padded tokens (slot_mapping -1) after a step: out = 0 (every element), lse =
+// +inf, indices_out = -1 (when given). Strides in elements; out's last dim contiguous.
+struct MaskPaddedArgs {
+  const int64_t* slots = nullptr;
+  int64_t slot_stride = 1;
+  int64_t T = 0, H = 0, D = 0;
+  uint8_t* out = nullptr;
+  int64_t out_s0 = 0, out_s1 = 0, out_es = 4;
+  float* lse = nullptr;
+  int64_t lse_s0 = 0, lse_s1 = 0;
+  int32_t* ind = nullptr;
+  int64_t ind_s0 = 0, ind_s1 = 0, K = 0;
+};
+
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
@@ -49,10 +63,12 @@ class DeviceOps {
   // DecodeRowsArgs on the stream (a loop on the CPU, one small kernel on CUDA): capturable, and
   // replays read kv_lens' contents at replay time.
   virtual Status decode_rows(const DecodeRowsArgs& a, void* stream) const = 0;
+  virtual Status mask_padded(const MaskPaddedArgs& a, void* stream) const = 0;
 };
 
-// The reference loop of decode_rows (the CPU backend runs it).
+// The reference loops of decode_rows and mask_padded (the CPU backend runs them).
 void decode_rows_host(const DecodeRowsArgs& a);
+void mask_padded_host(const MaskPaddedArgs& a);
 
 // The backend of `dev` (CUDA without the CUDA backend compiled in: one whose calls all return
 // kUnsupported).
@@ -68,5 +84,6 @@ const core::step::DeviceOps& step_device_ops_unsupported();  // CUDA plans witho
 namespace gpu {
 const core::step::DeviceOps& step_device_ops();  // defined only with the CUDA backend
 Status launch_decode_rows(const core::step::DecodeRowsArgs& a, void* stream);  // step_rows.cu
+Status launch_mask_padded(const core::step::MaskPaddedArgs& a, void* stream);   // step_rows.cu
 }
 }  // namespace dsa

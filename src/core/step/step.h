@@ -212,6 +212,8 @@ Status score_select_map_chunk(Step& s, int64_t r0, int64_t m, int64_t width, Ten
 // One row too wide for a chunk: scored in key tiles, partial top-k merged exactly, mapped.
 Status score_tiled_row(Step& s, int64_t r0, TensorDesc* mapped);
 Status sparse_attend(Step& s, int64_t r0, int64_t n, const TensorDesc& mapped);
+// Padded tokens' rows (slot_mapping -1): out 0, lse +inf, indices_out -1 (write_caches.cpp).
+Status mask_padded(Step& s);
 
 // ---- op wrappers (ops.cpp): each adds its host time to the report ----
 Status run_topk(Step& s, TopkParams& tp, void* ws, size_t ws_bytes);

@@ -60,7 +60,8 @@ Status check_contents(const Plan& plan, const StepParams& p, int64_t B, bool sco
         return invalid("cos_sin: expected at least " + num(max_kv) + " rows (the batch's cache positions), got " + num(rows));
     } else if (p.positions.device.type == DeviceType::kCPU) {
       for (int64_t t = 0; t < p.positions.shape[0]; ++t) {
-        const int64_t v = p.positions.ptr<const int32_t>()[t * p.positions.stride[0]];
+        const int64_t v = p.positions.dtype == DType::kI64 ? p.positions.ptr<const int64_t>()[t * p.positions.stride[0]]
+                                                           : p.positions.ptr<const int32_t>()[t * p.positions.stride[0]];
         if (v < 0 || v >= rows)
           return invalid("positions[" + num(t) + "]: expected 0 <= position < cos_sin rows = " + num(rows) + ", got " + num(v));
       }
@@ -107,6 +108,39 @@ Status check_q_lens(const StepParams& p) {
     if (cu_at(c, b + 1) < cu_at(c, b))
       return invalid("cu_seqlens[" + num(b + 1) + "]: expected >= cu_seqlens[" + num(b) + "] = " + num(cu_at(c, b)) +
                      ", got " + num(cu_at(c, b + 1)));
+  return Status::Ok();
+}
+
+// A host-resident slot mapping: every slot -1 or the token's block-table slot, and no token
+// with a slot after a padded one in its sequence (it would attend the unwritten key).
+Status check_slot_mapping(const Plan& plan, const StepParams& p, int64_t B) {
+  const TensorDesc& sm = p.slot_mapping;
+  if (!sm.present() || sm.device.type != DeviceType::kCPU || p.kv_lens.device.type != DeviceType::kCPU ||
+      p.block_table.device.type != DeviceType::kCPU)
+    return Status::Ok();
+  const int64_t page = plan.config.page_size;
+  const int32_t* bt = p.block_table.ptr<const int32_t>();
+  int64_t t = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t ql = p.device_lengths ? p.next_n : batch_q_len(p, b);
+    const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
+    bool padded = false;
+    for (int64_t i = 0; i < ql; ++i, ++t) {
+      const int64_t v = sm.ptr<const int64_t>()[t * sm.stride[0]];
+      const int64_t pos = kl - ql + i;
+      const int64_t want = int64_t{bt[b * p.block_table.stride[0] + (pos / page) * p.block_table.stride[1]]} * page + pos % page;
+      if (v == -1) {
+        padded = true;
+        continue;
+      }
+      if (v != want)
+        return invalid("slot_mapping[" + num(t) + "]: expected -1 (padded) or the token's block-table slot " + num(want) +
+                       " (sequence " + num(b) + ", position " + num(pos) + "), got " + num(v));
+      if (padded)
+        return invalid("slot_mapping[" + num(t) + "]: expected -1: an earlier token of sequence " + num(b) +
+                       " is padded (-1) and this one would attend it; put padding at the end of a sequence");
+    }
+  }
   return Status::Ok();
 }
 
@@ -223,13 +257,14 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
     c.tensor(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kLatentDim, "512"}});
     c.tensor(p.lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
     c.optional(p.attn_sink, "attn_sink", {DType::kF32}, {{H, "H"}}, false);
-    c.optional(p.positions, "positions", {DType::kI32}, {{T, "T"}}, false);
+    c.optional(p.positions, "positions", {DType::kI32, DType::kI64}, {{T, "T"}}, false);
     if (scores) {
       c.tensor(p.index_q, "index_q", {DType::kBF16, DType::kF32}, {{T, "T"}, {Hi, "H_idx"}, {kIndexHeadDim, "128"}});
       c.tensor(p.index_w, "index_w", {DType::kBF16, DType::kF32}, {{T, "T"}, {Hi, "H_idx"}}, false);
       c.tensor(p.index_k, "index_k", {DType::kBF16, DType::kF32}, {{T, "T"}, {kIndexHeadDim, "128"}});
       c.tensor(p.cos_sin, "cos_sin", {DType::kF32}, {"max_positions", {kIndexRopeDim, "64"}});
     }
+    c.optional(p.slot_mapping, "slot_mapping", {DType::kI64}, {{T, "T"}}, false);
     c.optional(p.indices_in, "indices_in", {DType::kI32}, {{T, "T"}, {K, "topk"}});
     c.optional(p.indices_out, "indices_out", {DType::kI32}, {{T, "T"}, {K, "topk"}});
     if (!c.ok()) return c.status();
@@ -238,7 +273,11 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
     return Status(StatusCode::kWorkspaceTooSmall, std::string(kOp) + ": workspace: expected at least " +
                                                       num(plan.workspace_bytes) + " bytes (plan.workspace_bytes), got " +
                                                       (p.workspace ? num(static_cast<int64_t>(p.workspace_bytes)) : "none"));
+  if (p.slot_mapping.present() && p.slot_mapping.device != dev)
+    return invalid("slot_mapping: expected on the plan's device " + std::string(device_type_name(dev.type)) + ", got " +
+                   describe(p.slot_mapping));
   if (Status st = check_contents(plan, p, B, scores); !st.ok()) return st;
+  if (Status st = check_slot_mapping(plan, p, B); !st.ok()) return st;
   out->B = B;
   out->T = T;
   out->scores = scores;
@@ -276,7 +315,7 @@ Status validate_batch(const Plan& plan, const StepParams& p, BatchShape* out) {
   {
     ArgCheck c(kOp);
     c.tensor(p.block_table, "block_table", {DType::kI32}, {{B, "B"}, "max_blocks"});
-    c.optional(p.positions, "positions", {DType::kI32}, {{T, "T"}}, false);
+    c.optional(p.positions, "positions", {DType::kI32, DType::kI64}, {{T, "T"}}, false);
     if (!c.ok()) return c.status();
   }
   if (p.block_table.device != dev)
