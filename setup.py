@@ -20,6 +20,7 @@ class CMakeBuild(build_ext):
             "cmake", "-S", str(ROOT), "-B", str(build),
             "-DCMAKE_BUILD_TYPE=Release", "-DDSA_BUILD_PYTHON=ON", "-DDSA_BUILD_TESTS=OFF",
             "-DDSA_BUILD_BENCH=OFF", "-DDSA_BUILD_TOOLS=OFF", "-DPython_EXECUTABLE=" + sys.executable,
+            "-DDSA_NCCL=OFF",  # the module binds no dist.h API: keep the wheel free of libnccl
         ] + shlex.split(os.environ.get("DSA_CMAKE_ARGS", ""))
         subprocess.run(configure, check=True)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))

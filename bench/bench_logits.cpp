@@ -168,7 +168,7 @@ void BM_Fp32FmaPeak(benchmark::State& state) {
   PoolThreads pool(state.range(0));
   const int threads = cpu::pool_threads();
   for (auto _ : state) {
-    cpu::parallel_for(threads, 1, [&](int64_t b, int64_t e) {
+    (void)cpu::parallel_for(threads, 1, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) benchmark::DoNotOptimize(fma_chains(static_cast<float>(t)));
     });
   }

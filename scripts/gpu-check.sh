@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check: build with the CUDA backend, run the CPU and GPU tests, compute-sanitizer
-# (memcheck, racecheck) on a subset, the short benchmarks, and write logs plus a summary.
+# (memcheck, racecheck, initcheck) on a subset, the short benchmarks, and write logs plus a summary.
 #
 #   OUT=/some/dir scripts/gpu-check.sh        (from the repo root; OUT defaults to ./gpu-check-out)
 #
@@ -13,8 +13,9 @@
 # $OUT/joined.md, draws $OUT/layer_prefill.png and prints the joined table at the end.
 # DSA_CHECK_SKIP="memcheck racecheck py_tests ..." skips the named steps (device time).
 # Needs: CMake >= 3.24, a CUDA toolkit (nvcc), a C++17 compiler; GoogleTest from the system or
-# from sources in .deps/googletest. Sanitizer subsets: scripts/sanitizer-memcheck.txt and
-# scripts/sanitizer-racecheck.txt (one gtest filter pattern per line).
+# from sources in .deps/googletest. Sanitizer subsets: scripts/sanitizer-memcheck.txt,
+# scripts/sanitizer-racecheck.txt and scripts/sanitizer-initcheck.txt (one gtest filter
+# pattern per line).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd)
@@ -123,9 +124,24 @@ GPU_TESTS=$BUILD/tests/dsa_gpu_tests
 # ---- tests ------------------------------------------------------------------------------
 # GPU first: they are what this machine is for; the CPU suite also runs in CI.
 if [ -x "$GPU_TESTS" ]; then
-  step gpu_tests 150 "$GPU_TESTS" --gtest_output="xml:$OUT/gpu_tests.xml"
+  # One process per test under CTest, so a hung kernel costs its own timeout, not the suite.
+  step gpu_tests "${DSA_GPU_TESTS_CAP:-240}" ctest --test-dir "$BUILD" -L gpu -j "${DSA_GPU_TEST_JOBS:-4}" \
+    --timeout "${DSA_GPU_TEST_TIMEOUT:-120}" --output-on-failure --output-junit "$OUT/gpu_tests.xml"
 else
   skip gpu_tests "dsa_gpu_tests not built"
+fi
+KERNEL_TESTS=$BUILD/tests/dsa_gpu_kernel_tests
+if [ -x "$KERNEL_TESTS" ]; then
+  step kernel_tests 60 "$KERNEL_TESTS" --gtest_output="xml:$OUT/kernel_tests.xml"
+else
+  skip kernel_tests "dsa_gpu_kernel_tests not built"
+fi
+# Several GPUs (NCCL): skips below 2 GPUs. NVLink multicast always off.
+MULTI_TESTS=$BUILD/tests/dsa_multigpu_tests
+if [ -x "$MULTI_TESTS" ]; then
+  step multigpu_tests 120 env NCCL_NVLS_ENABLE=0 "$MULTI_TESTS" --gtest_output="xml:$OUT/multigpu_tests.xml"
+else
+  skip multigpu_tests "dsa_multigpu_tests not built (no NCCL)"
 fi
 if [ -x "$CPU_TESTS" ]; then
   step cpu_tests 120 "$CPU_TESTS" --gtest_output="xml:$OUT/cpu_tests.xml"
@@ -140,17 +156,23 @@ for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer
 done
 MEMCHECK_FILTER=$(filter_from scripts/sanitizer-memcheck.txt)
 RACECHECK_FILTER=$(filter_from scripts/sanitizer-racecheck.txt)
+INITCHECK_FILTER=$(filter_from scripts/sanitizer-initcheck.txt)
 if [ -z "$SAN" ]; then
   skip memcheck "compute-sanitizer not found"
   skip racecheck "compute-sanitizer not found"
+  skip initcheck "compute-sanitizer not found"
 elif [ ! -x "$GPU_TESTS" ]; then
   skip memcheck "dsa_gpu_tests not built"
   skip racecheck "dsa_gpu_tests not built"
+  skip initcheck "dsa_gpu_tests not built"
 else
   step memcheck 110 "$SAN" --tool memcheck --error-exitcode 86 --leak-check no \
     "$GPU_TESTS" --gtest_filter="${MEMCHECK_FILTER:-Gpu*}"
   step racecheck 80 "$SAN" --tool racecheck --racecheck-report hazard --error-exitcode 86 \
     "$GPU_TESTS" --gtest_filter="${RACECHECK_FILTER:-Gpu*}"
+  # initcheck: device memory read before anything wrote it (uninitialised workspace/scratch).
+  step initcheck 80 "$SAN" --tool initcheck --error-exitcode 86 \
+    "$GPU_TESTS" --gtest_filter="${INITCHECK_FILTER:-Gpu*}"
 fi
 
 # ---- the Python module with the machine's torch (CUDA tensors, streams, compile, graphs) --
@@ -181,6 +203,16 @@ if [ -x "$BUILD/tools/dsa" ]; then
   step dsa_bench "$BENCH_CAP" "$BUILD/tools/dsa" bench ${DSA_BENCH_ARGS:-$BENCH_DEFAULT} --json "$OUT/dsa_bench.json"
 else
   skip dsa_bench "tools/dsa not built"
+fi
+# The same shapes through the mma.sync / first-generation kernels (what v0.1.0 ran), for the
+# before/after columns of docs/perf.md: DSA_BENCH_BASELINE="--op layer_prefill,..." (off by default).
+if [ -n "${DSA_BENCH_BASELINE:-}" ] && [ -x "$BUILD/tools/dsa" ]; then
+  # shellcheck disable=SC2086
+  step dsa_bench_baseline 200 env DSA_FORCE_KERNEL=mma_sync DSA_CUDA_LOGITS=mma DSA_CUDA_TOPK=legacy \
+    DSA_MHA_KERNEL=portable "$BUILD/tools/dsa" bench $DSA_BENCH_BASELINE --json "$OUT/dsa_bench_baseline.json"
+fi
+if [ -f "$OUT/dsa_bench.json" ]; then
+  python3 bench/perf_table.py "$OUT/dsa_bench.json" > "$OUT/perf_table.md" 2>/dev/null || true
 fi
 if [ -f bench/torch_baseline.py ]; then
   # shellcheck disable=SC2086
@@ -224,7 +256,7 @@ FAILS=$(awk -F'\t' '$2 == "FAIL" || $2 == "TIMEOUT"' "$OUT/steps.tsv" | wc -l)
   echo
   if [ -f "$OUT/gpu_tests.log" ]; then
     echo "failed GPU tests:"
-    grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/gpu_tests.log" | sort -u | sed 's/^/  /' || true
+    { grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/gpu_tests.log"; grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception)' "$OUT/gpu_tests.log"; } | sort -u | sed 's/^/  /' || true
   fi
   echo "logs: $OUT"
   [ "$FAILS" -eq 0 ] && echo "RESULT: PASS" || echo "RESULT: FAIL ($FAILS step(s))"

@@ -2,12 +2,13 @@
 # Installs what DSA needs to build, test and benchmark, from Debian/Ubuntu packages.
 # Skips apt entirely when everything is already installed; works as root or through sudo.
 #   cmake (>= 3.24), g++, make: the build;  libgtest-dev: the tests;  libbenchmark-dev: the
-#   CPU benchmarks.  The CUDA backend additionally needs the CUDA toolkit (not from apt here):
+#   CPU benchmarks;  libopenblas-dev: the CPU decompression GEMM of dense_mha_prefill (optional).
+#   The CUDA backend additionally needs the CUDA toolkit (not from apt here):
 #   scripts/test.sh builds it when /usr/local/cuda/bin/nvcc exists.
 set -euo pipefail
 
 # The Python module builds for Debian's /usr/bin/python3 against Debian's pybind11 and numpy.
-packages=(cmake g++ make libgtest-dev libbenchmark-dev pybind11-dev python3-dev python3-numpy python3-pytest)
+packages=(cmake g++ make libgtest-dev libbenchmark-dev libopenblas-dev pybind11-dev python3-dev python3-numpy python3-pytest python3-hypothesis)
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
   echo "setup-deps: no apt on this machine; install these yourself: ${packages[*]}" >&2

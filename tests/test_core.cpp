@@ -98,10 +98,10 @@ TEST(Core, DevicesMustAgreeAndBackendMustExist) {
   TensorDesc x = make_tensor(a, DType::kF32, {4});
   TensorDesc y = make_tensor(b, DType::kF32, {4}, cuda_device(0));
   Device d;
-  Status st = core::pick_device("op", {&x, &y}, &d);
-  EXPECT_TRUE(dsa_test::fails_naming(st, {"op", "cpu", "cuda:0"}));
+  Status st = core::pick_device("op", {{&x, "x"}, {&y, "y"}}, &d);
+  EXPECT_TRUE(dsa_test::fails_naming(st, {"op", "y:", "cpu", "cuda:0"}));
   TensorDesc z = y;
-  st = core::pick_device("op", {&z}, &d);
+  st = core::pick_device("op", {{&z, "z"}}, &d);
   bool has_cuda = false;
   for (auto& n : compiled_backends()) has_cuda |= n == "cuda";
   if (!has_cuda) EXPECT_TRUE(dsa_test::fails_naming(st, {"op", "cuda:0", "cpu backend"}));

@@ -308,7 +308,8 @@ struct PagedCase {
   PagedCache cache;
 };
 
-Status run_paged(PagedCase& pc, const IndexerLogitsPagedParams& base, int64_t W, Guarded* out) {
+Status run_paged(PagedCase& pc, const IndexerLogitsPagedParams& base, int64_t W, Guarded* out,
+                 DType out_dtype = DType::kF32) {
   const int64_t R = static_cast<int64_t>(pc.seq.size());
   *out = Guarded(static_cast<size_t>(R * W) * 4);
   dsa_test::poison_f32(out->as<float>(), static_cast<size_t>(R * W));
@@ -321,7 +322,8 @@ Status run_paged(PagedCase& pc, const IndexerLogitsPagedParams& base, int64_t W,
   p.cache.block_stride_bytes = pc.cache.block_bytes;
   const int64_t B = static_cast<int64_t>(pc.cache.block_table.size()) / pc.cache.max_blocks;
   p.block_table = dsa_test::t_i32(pc.cache.block_table.data(), {B, pc.cache.max_blocks});
-  p.logits = dsa_test::t_f32(out->as<float>(), {R, W});
+  p.logits = out_dtype == DType::kBF16 ? dsa_test::t_bf16(reinterpret_cast<uint16_t*>(out->as<float>()), {R, W})
+                                       : dsa_test::t_f32(out->as<float>(), {R, W});
   return indexer_logits_paged(p);
 }
 
@@ -514,4 +516,51 @@ TEST(IndexerLogitsPaged, SkipsShortRowsUntouched) {
   EXPECT_TRUE(dsa_test::fails_naming(run_paged(pc, p, W, &part), {"block_table[1][0]"}));
   p.skip_rows_up_to = -1;
   EXPECT_TRUE(dsa_test::fails_naming(run_paged(pc, p, W, &part), {"skip_rows_up_to"}));
+}
+
+// BF16 logits: every value is the f32 logit rounded to nearest even (-inf stays -inf), flat and
+// paged; other logits dtypes are refused naming the argument.
+TEST(IndexerLogits, Bf16LogitsAreRoundedF32Logits) {
+  Rng rng(31);
+  Ragged rg = ragged({{300, 17}, {64, 64}});
+  const int64_t M = static_cast<int64_t>(rg.ks.size()), H = 16, W = 320;
+  Inputs in = make_inputs(rng, M, H, rg.N);
+  std::vector<float> f32(static_cast<size_t>(M * W));
+  std::vector<uint16_t> b16(static_cast<size_t>(M * W), 0x1234);
+  IndexerLogitsParams p;
+  p.q = dsa_test::t_e4m3(in.q.x8.data(), {M, H, D});
+  p.weights = dsa_test::t_f32(in.weights.data(), {M, H});
+  p.k = dsa_test::t_e4m3(in.k.x8.data(), {rg.N, D});
+  p.k_scale = dsa_test::t_f32(in.k.scale.data(), {rg.N});
+  p.ks = dsa_test::t_i32(rg.ks.data(), {M});
+  p.ke = dsa_test::t_i32(rg.ke.data(), {M});
+  p.logits = dsa_test::t_f32(f32.data(), {M, W});
+  DSA_ASSERT_OK(indexer_logits(p));
+  p.logits = dsa_test::t_bf16(b16.data(), {M, W});
+  DSA_ASSERT_OK(indexer_logits(p));
+  int64_t ninf = 0;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    ASSERT_EQ(b16[i], float_to_bf16(f32[i])) << i;
+    ninf += std::isinf(f32[i]) ? 1 : 0;
+  }
+  EXPECT_GT(ninf, 0);
+  std::vector<int32_t> bad(static_cast<size_t>(M * W));
+  p.logits = make_tensor(bad.data(), DType::kI32, {M, W});
+  EXPECT_TRUE(dsa_test::fails_naming(indexer_logits(p), {"logits"}));
+
+  PagedCase pc;
+  pc.H = 8;
+  pc.in = make_inputs(rng, 4, 8, 200);
+  pc.cache = make_cache(rng, {130, 70}, 64, pc.in.k, &pc.key_offset);
+  pc.seq = {0, 0, 1, 1};
+  pc.len = {129, 130, 69, 70};
+  std::vector<int32_t> kv_lens = {130, 70};
+  IndexerLogitsPagedParams q;
+  q.kv_lens = dsa_test::t_i32(kv_lens.data(), {2});
+  q.next_n = 2;
+  Guarded a, b;
+  DSA_ASSERT_OK(run_paged(pc, q, 150, &a));
+  DSA_ASSERT_OK(run_paged(pc, q, 150, &b, DType::kBF16));
+  const uint16_t* bb = reinterpret_cast<const uint16_t*>(b.as<float>());
+  for (int64_t i = 0; i < 4 * 150; ++i) ASSERT_EQ(bb[i], float_to_bf16(a.as<float>()[i])) << i;
 }

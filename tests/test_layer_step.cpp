@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -1420,4 +1422,88 @@ TEST(LayerStep, PaddedTokensAreWrittenNowhereAndChangeNothingElse) {
   std::vector<int64_t> wrong = slots;
   wrong[4] = slots[3];
   refused(wrong, "slot_mapping[4]");
+}
+
+// Randomized planner + step (issue 16): random limits, budgets and batches within them, seeded
+// (DSA_RANDOM_SEED overrides the seed; the failing seed and iteration are printed) and bounded
+// by an iteration count and a wall-clock allowance (the allowance only ends the loop early; no
+// assertion depends on time). Every iteration: a budget below the plan's minimum is refused
+// naming the minimum; the step's workspace high-water <= plan.workspace_bytes, its score
+// high-water <= the score region <= the budget; tiled (the minimum budget) == untiled (a large
+// budget) selections and outputs; a rerun on the same object is bit-identical; a batch past a
+// limit fails with kLimitExceeded.
+TEST(LayerStep, RandomizedPlannerAndStepHoldTheirPromises) {
+  uint64_t seed = 20261203;
+  if (const char* s = std::getenv("DSA_RANDOM_SEED")) seed = std::strtoull(s, nullptr, 10);
+  dsa_test::Rng rng(seed);
+  const auto t0 = std::chrono::steady_clock::now();
+  int done = 0;
+  for (int iter = 0; iter < 24; ++iter) {
+    if (iter >= 6 && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(20)) break;
+    SCOPED_TRACE("seed " + std::to_string(seed) + " iter " + std::to_string(iter));
+    std::vector<Seq> seqs;
+    const int nseq = static_cast<int>(rng.integer(1, 4));
+    for (int i = 0; i < nseq; ++i) {
+      const int32_t kv = static_cast<int32_t>(rng.integer(1, iter % 4 == 0 ? 1500 : 300));
+      const int kind = static_cast<int>(rng.integer(0, 2));
+      const int32_t q = kind == 0 ? kv : static_cast<int32_t>(rng.integer(kind == 1 ? 1 : 0, std::min(kind == 1 ? 3 : 40, kv)));
+      seqs.push_back({q, kv});
+    }
+    const int64_t page = rng.integer(0, 1) ? 16 : 64;
+    World w(tiny_geometry(), seqs, page, seed + iter);
+    // Random limits at or above the batch (slack on each).
+    PlannerConfig c = config_for(w, kDefaultScoreBudgetBytes);
+    c.max_tokens_per_step += rng.integer(0, 64);
+    c.max_seqs_per_step += rng.integer(0, 4);
+    c.max_context += rng.integer(0, 512);
+    c.max_next_n = rng.integer(1, 3);
+    Plan probe;
+    ASSERT_TRUE(make_plan(c, &probe).ok());
+    const int64_t minb = probe.min_score_budget_bytes;
+    // Below the minimum: refused, naming the minimum.
+    PlannerConfig low = c;
+    low.score_budget_bytes = rng.integer(1, std::max<int64_t>(minb - 1, 1));
+    Plan refused;
+    Status rs = make_plan(low, &refused);
+    ASSERT_EQ(rs.code(), StatusCode::kLimitExceeded) << rs.to_string();
+    EXPECT_NE(rs.message().find(std::to_string(minb)), std::string::npos) << rs.message();
+    // A random budget from the minimum up, and a large one.
+    const int64_t budget = iter % 3 == 0 ? minb : rng.integer(minb, 4 * minb + 65536);
+    for (int64_t b : {budget, int64_t{kDefaultScoreBudgetBytes}}) {
+      c.score_budget_bytes = b;
+      Plan plan;
+      ASSERT_TRUE(make_plan(c, &plan).ok());
+      EXPECT_LE(plan.score_region_bytes, b);
+    }
+    c.score_budget_bytes = budget;
+    Plan plan;
+    ASSERT_TRUE(make_plan(c, &plan).ok());
+    Attention attn(plan);
+    ASSERT_TRUE(attn.status().ok());
+    RunOpts o;
+    o.attn = &attn;
+    o.role = iter % 5 == 4 ? IndexerRole::kMtp : IndexerRole::kFull;
+    Result r = run_step(w, o);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_TRUE(r.workspace_intact);
+    EXPECT_LE(r.report.workspace_high_water_bytes, plan.workspace_bytes);
+    EXPECT_LE(r.report.score_high_water_bytes, plan.score_region_bytes);
+    EXPECT_LE(plan.score_region_bytes, budget);
+    Result again = run_step(w, o);  // same object, same inputs: bit-identical
+    expect_identical(r, again, "rerun");
+    RunOpts big;
+    big.role = o.role;
+    Result untiled = run_step(w, big);
+    expect_identical(untiled, r, "tiled vs untiled");
+    // One sequence too many for the plan: a limit, never a silent partial step.
+    if (w.B == plan.config.max_seqs_per_step) {
+      World wide(tiny_geometry(), [&] { auto s = seqs; s.push_back({1, 1}); return s; }(), page, seed + 1000 + iter);
+      RunOpts wo;
+      wo.attn = &attn;
+      Result lr = run_step(wide, wo);
+      EXPECT_EQ(lr.status.code(), StatusCode::kLimitExceeded) << lr.status.to_string();
+    }
+    ++done;
+  }
+  EXPECT_GE(done, 6);
 }

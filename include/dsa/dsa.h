@@ -2,9 +2,11 @@
 #pragma once
 #include "dsa/attention.h"
 #include "dsa/cache.h"
+#include "dsa/dist.h"
 #include "dsa/geometry.h"
 #include "dsa/indexer.h"
 #include "dsa/layer.h"
+#include "dsa/mha.h"
 #include "dsa/numerics.h"
 #include "dsa/planner.h"
 #include "dsa/runtime.h"

@@ -62,6 +62,8 @@ Status prepare_indexer_k(const PrepareIndexerKParams& p);
 // ks[i] = kv_start. col_offset (>= 0) lets a caller compute one tile of columns at a time:
 // keys past column W - 1 are simply not computed (a row may see more keys than W), and a tile
 // is bit-identical to the same columns of an untiled call. Dot products accumulate in f32.
+// logits may be bf16 (half the score memory): each value is the f32 result rounded to nearest
+// even (-inf stays -inf), on every backend.
 struct IndexerLogitsParams {
   TensorDesc q;        // [M, H_idx, 128] e4m3, last dim contiguous
   TensorDesc weights;  // [M, H_idx] f32 (folded gates w')
@@ -70,7 +72,7 @@ struct IndexerLogitsParams {
   TensorDesc ks;       // [M] i32, 0 <= ks[i] <= ke[i] <= N
   TensorDesc ke;       // [M] i32
   int64_t col_offset = 0;
-  TensorDesc logits;   // [M, W] f32, last dim contiguous
+  TensorDesc logits;   // [M, W] f32 or bf16, last dim contiguous
   void* stream = nullptr;
 };
 Status indexer_logits(const IndexerLogitsParams& p);
@@ -98,7 +100,7 @@ struct IndexerLogitsPagedParams {
   TensorDesc row_len;      // optional [R] i32 (general form)
   int64_t col_offset = 0;
   int64_t skip_rows_up_to = 0;  // rows with L <= this are skipped (logits rows untouched)
-  TensorDesc logits;       // [R, W] f32, last dim contiguous
+  TensorDesc logits;       // [R, W] f32 or bf16, last dim contiguous
   void* stream = nullptr;
 };
 Status indexer_logits_paged(const IndexerLogitsPagedParams& p);

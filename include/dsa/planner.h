@@ -93,6 +93,27 @@ struct Plan {
 // smallest budget / memory that works) and malformed configs (kInvalidArgument).
 Status make_plan(const PlannerConfig& config, Plan* plan);
 
+// The workspace of dense attention in MHA form (dense_mha_prefill, include/dsa/mha.h) under a
+// step's limits, for the planner to count (docs/mha.md). A sequence goes MHA form only on the
+// dense route (kv_len <= topk), so one sequence's context is at most
+// L = min(topk, max_context) tokens, and a step's MHA contexts sum to at most
+// min(max_seqs_per_step, max_tokens_per_step) * L tokens (every sequence has a new token).
+// The reservation holds groups of `group_tokens` context tokens: the whole bound when it fits
+// `budget_bytes`, else as many as fit, never fewer than L (one sequence: min_bytes, which may
+// exceed the budget). Batches beyond a group run in sequence groups within the same bytes.
+struct MhaPrefillReservation {
+  int64_t max_seq_context = 0;  // L
+  int64_t batch_tokens = 0;     // the bound on a step's MHA context tokens
+  int64_t group_tokens = 0;     // context tokens one group holds
+  int64_t bytes = 0;            // mha_prefill_workspace_bytes(group_tokens): what to reserve
+  int64_t min_bytes = 0;        // one sequence of L tokens
+  int64_t batch_bytes = 0;      // batch_tokens in one group
+};
+// Uses config.geometry (num_heads, qk_nope_head_dim, v_head_dim, topk), config.device and the
+// step limits (max_context 0: geometry.max_positions). kInvalidArgument for a geometry without
+// qk_nope_head_dim / v_head_dim.
+Status plan_mha_prefill(const PlannerConfig& config, int64_t budget_bytes, MhaPrefillReservation* out);
+
 // "141GiB", "512MiB", "64KiB", "4096", "4096B", "1.5GiB" (B, KiB, MiB, GiB, TiB; case-insensitive).
 Status parse_byte_size(const std::string& text, int64_t* bytes);
 // 536870912 -> "512 MiB", 1536 -> "1.5 KiB", 100 -> "100 B".

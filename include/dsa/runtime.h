@@ -25,8 +25,10 @@ struct DeviceInfo {
 std::vector<DeviceInfo> list_devices();
 bool cuda_available();
 
-// Threads the CPU backend uses (default: all hardware threads). n <= 0 restores the default.
-void set_num_threads(int n);
+// Threads the CPU backend uses (default: all hardware threads). n <= 0 restores the default;
+// n > kMaxCpuThreads is kInvalidArgument (and changes nothing).
+constexpr int kMaxCpuThreads = 1024;
+Status set_num_threads(int n);
 int num_threads();
 
 // The kernel the last op of the calling thread launched: a stable name such as

@@ -15,6 +15,7 @@ enum class StatusCode : int {
   kLimitExceeded,       // a step exceeds the limits declared to the planner, or a budget is impossible
   kDeviceError,         // the device runtime reported an error
   kInternal,            // a bug in DSA: please report it
+  kOutOfMemory,         // a host allocation DSA needed failed (nothing was written)
 };
 
 const char* status_code_name(StatusCode code);

@@ -44,6 +44,10 @@ Status topk(const TopkParams& p);
 //   Paged: out = block_table[b][j / page_size] * page_size + j % page_size.
 // Entries < 0 stay -1; j past the block table (j >= max_blocks * page_size) or a negative
 // block-table entry give -1 too (an invalid index, SPEC §5). out may alias indices.
+// For host tensors, an address that does not fit int32 (kv_start[b] + j, or
+// block * page_size + j % page_size) is kInvalidArgument, and so is a block-table entry the
+// indices use that is >= num_blocks when num_blocks > 0 (the cache the addresses are for).
+// On CUDA such addresses give -1.
 enum class IndexMapKind : int32_t { kFlat = 0, kPaged = 1 };
 struct MapIndicesParams {
   TensorDesc indices;      // [M, k] i32, last dim contiguous
@@ -53,6 +57,7 @@ struct MapIndicesParams {
   TensorDesc kv_start;     // flat: [B] i32
   TensorDesc block_table;  // paged: [B, max_blocks] i32
   int64_t page_size = 64;
+  int64_t num_blocks = 0;  // paged: the cache's page count, to check the table against (0: unchecked)
   TensorDesc out;          // [M, k] i32
   void* stream = nullptr;
 };

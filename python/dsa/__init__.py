@@ -59,7 +59,11 @@ def list_devices():
 
 def set_num_threads(n):
     """Threads of the CPU backend (n <= 0: all hardware threads, the default)."""
-    _dsa.set_num_threads(int(n))
+    import operator
+    n = operator.index(n)  # TypeError for a non-integer
+    if not -2**31 <= n < 2**31:
+        raise ValueError("set_num_threads: n: expected <= 1024 (or <= 0 for all hardware threads), got %d" % n)
+    _dsa.set_num_threads(n)
 
 
 def num_threads():

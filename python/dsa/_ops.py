@@ -199,7 +199,17 @@ def indexer_logits(q, weights, k, k_scale, ks, ke, *, width=None, col_offset=0, 
         if width is None:
             _shape(op, "ks", ks, 1, "[M]")
             _shape(op, "ke", ke, 1, "[M]")
-            width = max(_max_span(ctx, op, ks, ke) - col_offset, 0)
+            if not ctx.cuda:
+                # Validate ks/ke (and every other argument) before sizing the output from them: a
+                # zero-width call runs the op's checks and computes nothing.
+                with ctx.device_guard():
+                    _dsa.indexer_logits(ctx.prep(q), ctx.prep(weights), ctx.prep(k), ctx.prep(k_scale), ctx.prep(ks),
+                                        ctx.prep(ke), col_offset, ctx.prep(ctx.empty((M, 0), "f32")), ctx.stream)
+            span = _max_span(ctx, op, ks, ke)
+            N = _shape(op, "k", k, 2, "[N, 128]")[0]
+            if span > N:
+                raise ValueError("%s: ke: expected 0 <= ks[i] <= ke[i] <= N = %d, got a row spanning %d keys" % (op, N, span))
+            width = max(span - col_offset, 0)
         out = ctx.empty((M, _int(op, "width", width, 0)), "f32")
     with ctx.device_guard():
         _dsa.indexer_logits(ctx.prep(q), ctx.prep(weights), ctx.prep(k), ctx.prep(k_scale), ctx.prep(ks), ctx.prep(ke),
@@ -265,7 +275,7 @@ def topk(logits, lengths, k, *, return_values=False, out=None, values=None, stre
 
 
 def map_indices(indices, *, kv_start=None, block_table=None, page_size=64, row_seq=None, rows_per_seq=1,
-                out=None, stream=None):
+                num_blocks=None, out=None, stream=None):
     """Map request-local key positions to cache addresses (SPEC 3.6).
 
     indices: [M, k] i32 (request-local positions, -1 = none). Row i belongs to sequence
@@ -276,7 +286,9 @@ def map_indices(indices, *, kv_start=None, block_table=None, page_size=64, row_s
       ``block_table[b][j // page_size] * page_size + j % page_size`` (cache slots).
 
     Negative entries, positions past the block table and negative block-table entries give -1.
-    Returns out [M, k] i32; ``out=indices`` maps in place.
+    For host arrays, an address that does not fit int32 raises ValueError, and so does a
+    block-table entry the indices use that is >= num_blocks (paged; the cache's page count, when
+    given). Returns out [M, k] i32; ``out=indices`` maps in place.
     """
     op = "map_indices"
     if (kv_start is None) == (block_table is None):
@@ -289,7 +301,7 @@ def map_indices(indices, *, kv_start=None, block_table=None, page_size=64, row_s
     with ctx.device_guard():
         _dsa.map_indices(ctx.prep(indices), ctx.prep(row_seq), _int(op, "rows_per_seq", rows_per_seq),
                          ctx.prep(kv_start), ctx.prep(block_table), _int(op, "page_size", page_size),
-                         ctx.prep(out), ctx.stream)
+                         0 if num_blocks is None else _int(op, "num_blocks", num_blocks, 1), ctx.prep(out), ctx.stream)
     return out
 
 
@@ -409,9 +421,13 @@ def sparse_mla(q, kv, indices, sm_scale, topk_length=None, attn_sink=None, *, bl
         if kv_dims != 3:
             raise ValueError("sparse_mla: block_table: given, but kv is not a paged cache (expected 3 dims "
                              "[num_blocks, page_size, token], got %d)" % kv_dims)
-        kv_page = _shape(op, "kv", kv)[1]
-        indices = map_indices(indices, block_table=block_table, page_size=kv_page, row_seq=row_seq,
-                              rows_per_seq=rows_per_seq, stream=stream)
+        kv_blocks, kv_page = _shape(op, "kv", kv)[:2]
+        # num_blocks: a table entry past the cache is an error, not a silently empty row.
+        try:
+            indices = map_indices(indices, block_table=block_table, page_size=kv_page, row_seq=row_seq,
+                                  rows_per_seq=rows_per_seq, num_blocks=kv_blocks, stream=stream)
+        except (ValueError, TypeError) as e:
+            raise type(e)("sparse_mla: (mapping indices through block_table) %s" % e) from None
     out, lse = _attn_outputs(ctx, op, q, out, lse)
     with ctx.device_guard():
         _dsa.sparse_mla(ctx.prep(q), ctx.prep(kv), _cache_dtype(op, cache_dtype), _page_size(op, page_size),

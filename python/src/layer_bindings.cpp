@@ -3,9 +3,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "dsa/dsa.h"
 #include "dsa/layer.h"
@@ -29,13 +31,46 @@ void check(const dsa::Status& s) {
     case dsa::StatusCode::kUnsupported:
       PyErr_SetString(PyExc_NotImplementedError, s.to_string().c_str());
       throw py::error_already_set();
+    case dsa::StatusCode::kOutOfMemory:
+      PyErr_SetString(PyExc_MemoryError, s.to_string().c_str());
+      throw py::error_already_set();
     default: throw std::runtime_error(s.to_string());
   }
 }
 
+// d[key] as T, or fallback when absent / None; a value that does not convert (a string for an
+// int, an int past the field's range) is a TypeError naming the key.
 template <typename T>
 T get(const py::dict& d, const char* key, T fallback) {
-  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+  if (!d.contains(key) || d[key].is_none()) return fallback;
+  auto bad = [&]() {
+    return py::type_error("plan: " + std::string(key) + ": expected " +
+                          (std::is_same<T, std::string>::value ? "a string"
+                           : std::is_same<T, bool>::value      ? "a bool"
+                           : std::is_floating_point<T>::value  ? "a number"
+                                                               : "an integer in range (" + std::to_string(sizeof(T) * 8) + "-bit)") +
+                          ", got " + py::repr(d[key]).cast<std::string>());
+  };
+  if constexpr (std::is_integral<T>::value && !std::is_same<T, bool>::value) {
+    // Range-checked here rather than through pybind11's cast error, whose type differs between
+    // build configurations.
+    const py::object v = d[key];
+    if (!PyLong_Check(v.ptr())) throw bad();
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow != 0 || (x == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      throw bad();
+    }
+    if (x < static_cast<long long>(std::numeric_limits<T>::min()) || x > static_cast<long long>(std::numeric_limits<T>::max()))
+      throw bad();
+    return static_cast<T>(x);
+  }
+  try {
+    return d[key].cast<T>();
+  } catch (const py::cast_error&) {
+    throw bad();
+  }
 }
 
 dsa::ModelGeometry geometry_from(const py::object& g) {
@@ -207,8 +242,10 @@ py::dict report_dict(const dsa::StepReport& r) {
 // Attention is not re-entrant (its host staging is shared by steps); the GIL is released during
 // a step, so a mutex keeps two Python threads from stepping one object at once.
 struct PyAttention {
-  explicit PyAttention(const dsa::Plan& plan) : attn(plan) {}
-  dsa::Attention attn;
+  explicit PyAttention(const dsa::Plan& plan) {
+    check(dsa::Attention::create(plan, &attn));  // a failed construction is an exception (MemoryError, ...)
+  }
+  std::unique_ptr<dsa::Attention> attn;
   std::mutex mu;
 };
 
@@ -292,8 +329,8 @@ void bind_layer(py::module_& m) {
         p.hadamard = get<bool>(a, "hadamard", false);
         p.attn_sink = im.tensor(item(a, "attn_sink"), "attn_sink");
         p.sm_scale = get<float>(a, "sm_scale", 0.0f);
-        const int cache_dtype = self.attn.plan().config.cache_dtype == dsa::MlaCacheDtype::kFP8 ? 1 : 0;
-        const int64_t page = self.attn.plan().config.page_size;
+        const int cache_dtype = self.attn->plan().config.cache_dtype == dsa::MlaCacheDtype::kFP8 ? 1 : 0;
+        const int64_t page = self.attn->plan().config.page_size;
         if (!batch_only) p.mla_cache = im.mla_cache(item(a, "mla_cache"), "mla_cache", cache_dtype, page, true);
         if (!item(a, "index_cache").is_none()) {
           p.index_cache = im.indexer_cache(item(a, "index_cache"), "index_cache", page, true);
@@ -308,8 +345,20 @@ void bind_layer(py::module_& m) {
         p.time_stages = get<bool>(a, "time_stages", false);
         if (!item(a, "workspace").is_none()) {
           const dsa_py::Imported ws = im.raw(item(a, "workspace"), "workspace", true);
-          int64_t n = ws.itemsize;
-          for (int i = 0; i < ws.ndim; ++i) n *= ws.shape[i];
+          // The step takes one flat byte range: only a C-contiguous array is one (a reversed or
+          // strided view would be written past its end).
+          int64_t n = ws.itemsize, expect = 1;
+          for (int i = ws.ndim - 1; i >= 0; --i) {
+            if (ws.shape[i] > 1 && ws.stride[i] != expect) {
+              throw py::value_error("step: workspace: expected a C-contiguous array (one flat byte range), got stride " +
+                                    std::to_string(ws.stride[i]) + " elements in dim " + std::to_string(i) +
+                                    " (use a contiguous buffer of plan.workspace_bytes bytes)");
+            }
+            expect *= ws.shape[i];
+          }
+          for (int i = 0; i < ws.ndim; ++i) {
+            if (__builtin_mul_overflow(n, ws.shape[i], &n)) throw py::value_error("step: workspace: its byte size overflows int64");
+          }
           p.workspace = ws.data;
           p.workspace_bytes = static_cast<size_t>(n);
         }
@@ -319,8 +368,8 @@ void bind_layer(py::module_& m) {
         {
           py::gil_scoped_release release;
           std::lock_guard<std::mutex> lock(self.mu);
-          s = call == "step" ? self.attn.step(p, &report)
-              : call == "prepare" ? self.attn.prepare(p, &report) : self.attn.run(p, &report);
+          s = call == "step" ? self.attn->step(p, &report)
+              : call == "prepare" ? self.attn->prepare(p, &report) : self.attn->run(p, &report);
         }
         check(s);
         return report_dict(report);

@@ -51,6 +51,9 @@ void check(const dsa::Status& s, const Renames& renames = {}) {
     case dsa::StatusCode::kUnsupported:
       PyErr_SetString(PyExc_NotImplementedError, python_names(s.to_string(), renames).c_str());
       throw py::error_already_set();
+    case dsa::StatusCode::kOutOfMemory:
+      PyErr_SetString(PyExc_MemoryError, python_names(s.to_string(), renames).c_str());
+      throw py::error_already_set();
     default:
       throw std::runtime_error(python_names(s.to_string(), renames));
   }
@@ -85,7 +88,7 @@ PYBIND11_MODULE(_dsa, m) {
   m.def("version", [] { return std::string(dsa::version()); });
   m.def("compiled_backends", &dsa::compiled_backends);
   m.def("cuda_available", &dsa::cuda_available);
-  m.def("set_num_threads", &dsa::set_num_threads, py::arg("n"));
+  m.def("set_num_threads", [](int n) { check(dsa::set_num_threads(n)); }, py::arg("n"));
   m.def("num_threads", &dsa::num_threads);
   m.def("list_devices", [] {
     py::list out;
@@ -226,7 +229,8 @@ PYBIND11_MODULE(_dsa, m) {
   });
 
   m.def("map_indices", [](py::object indices, py::object row_seq, int64_t rows_per_seq, py::object kv_start,
-                          py::object block_table, int64_t page_size, py::object out, uintptr_t stream) {
+                          py::object block_table, int64_t page_size, int64_t num_blocks, py::object out,
+                          uintptr_t stream) {
     Importer im("map_indices", stream);
     dsa::MapIndicesParams p;
     p.indices = im.tensor(indices, "indices");
@@ -236,6 +240,7 @@ PYBIND11_MODULE(_dsa, m) {
     p.kv_start = im.tensor(kv_start, "kv_start");
     p.block_table = im.tensor(block_table, "block_table");
     p.page_size = page_size;
+    p.num_blocks = num_blocks;
     p.out = im.tensor(out, "out", Reinterpret::kNone, true);
     p.stream = as_stream(stream);
     check(run_nogil([&] { return dsa::map_indices(p); }));

@@ -217,11 +217,27 @@ dsa::TensorDesc Importer::tensor(py::handle obj, const char* name, Reinterpret h
   return d;
 }
 
+// A cache's block stride must be positive: dsa::*CacheDesc reads 0 as "packed", so a zero
+// (broadcast) or negative stride would otherwise be read as a different, larger cache.
+void check_block_stride(const Imported& t, const std::string& n) {
+  if (t.ndim >= 2 && t.shape[0] > 1 && t.stride[0] <= 0) {
+    throw_value_error(n + ": expected a positive stride between blocks (dim 0), got " + std::to_string(t.stride[0]) +
+                      " elements (a broadcast or reversed view is not a cache)");
+  }
+  for (int i = 1; i < t.ndim; ++i) {
+    if (t.shape[i] > 1 && t.stride[i] <= 0) {
+      throw_value_error(n + ": expected positive strides within a block, got " + std::to_string(t.stride[i]) +
+                        " in dim " + std::to_string(i));
+    }
+  }
+}
+
 dsa::MlaCacheDesc Importer::mla_cache(py::handle obj, const char* name, int cache_dtype, int64_t page_size,
                                       bool writable) {
   Imported t = raw(obj, name, writable);
   dsa::MlaCacheDesc c;
   const std::string n = prefix(name);
+  check_block_stride(t, n);
   if (t.ndim == 3) {
     const int64_t row_bytes = t.shape[2] * t.itemsize;
     if ((t.shape[2] > 1 && t.stride[2] != 1) || (t.shape[1] > 1 && t.stride[1] != t.shape[2])) {
@@ -281,6 +297,7 @@ dsa::IndexerCacheDesc Importer::indexer_cache(py::handle obj, const char* name, 
   Imported t = raw(obj, name, writable);
   dsa::IndexerCacheDesc c;
   const std::string n = prefix(name);
+  check_block_stride(t, n);
   if (t.ndim == 3) {
     if (t.shape[2] * t.itemsize != dsa::kIndexerTokenBytes) {
       throw_value_error(n + ": expected " + std::to_string(dsa::kIndexerTokenBytes) +

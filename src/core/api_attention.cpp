@@ -37,15 +37,30 @@ void check_common(core::ArgCheck& c, const TensorDesc& q, const TensorDesc& sink
   if (!c.ok()) return;
   const int64_t T = q.shape[0], H = q.shape[1];
   c.optional(sink, "attn_sink", {DType::kF32}, {{H, "H"}}, false);
-  c.tensor(out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kVDim, "512"}});
-  c.tensor(lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
+  c.output(out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kVDim, "512"}});
+  c.output(lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
   c.require(std::isfinite(sm_scale) && sm_scale > 0.f, "sm_scale",
             "expected a finite value > 0, got " + std::to_string(sm_scale));
 }
 
+// out and lse must not share memory with any input.
+void check_outputs_disjoint(core::ArgCheck& c, const TensorDesc& out, const TensorDesc& lse, const MlaKv& kv,
+                            std::initializer_list<std::pair<const TensorDesc*, const char*>> inputs,
+                            const TensorDesc& q, const TensorDesc& sink) {
+  const TensorDesc cache = core::cache_bytes(kv.paged);
+  c.disjoint(lse, "lse", out, "out");
+  for (const auto& o : {std::make_pair(&out, "out"), std::make_pair(&lse, "lse")}) {
+    c.disjoint(*o.first, o.second, kv.flat, "kv.flat").disjoint(*o.first, o.second, cache, "kv.paged");
+    c.disjoint(*o.first, o.second, q, "q").disjoint(*o.first, o.second, sink, "attn_sink");
+    for (const auto& in : inputs) c.disjoint(*o.first, o.second, *in.first, in.second);
+  }
+}
+
 bool cuda_device_of(const TensorDesc& q) { return q.device.type == DeviceType::kCUDA; }
 
-Status validate_sparse(const SparseMlaParams& p, Device* dev) {
+// aliasing: also check that outputs share no memory with inputs (the op does; the size
+// queries do not: the planner asks them about descriptors over one fake pointer).
+Status validate_sparse(const SparseMlaParams& p, Device* dev, bool aliasing) {
   core::ArgCheck c("sparse_mla");
   check_common(c, p.q, p.attn_sink, p.sm_scale, p.out, p.lse);
   if (!c.ok()) return c.status();
@@ -55,10 +70,12 @@ Status validate_sparse(const SparseMlaParams& p, Device* dev) {
   check_kv(c, p.kv, on_cuda);
   c.tensor(p.indices, "indices", {DType::kI32}, {{T, "T"}, "K"}, false);
   c.optional(p.topk_length, "topk_length", {DType::kI32}, {{T, "T"}}, false);
+  if (aliasing) check_outputs_disjoint(c, p.out, p.lse, p.kv, {{&p.indices, "indices"}, {&p.topk_length, "topk_length"}},
+                                       p.q, p.attn_sink);
   if (!c.ok()) return c.status();
   const Device* cache_dev = p.kv.paged.data ? &p.kv.paged.device : nullptr;
   Status st = core::pick_device("sparse_mla",
-                                {&p.q, &p.kv.flat, &p.indices, &p.topk_length, &p.attn_sink, &p.out, &p.lse},
+                                {{&p.q, "q"}, {&p.kv.flat, "kv.flat"}, {&p.indices, "indices"}, {&p.topk_length, "topk_length"}, {&p.attn_sink, "attn_sink"}, {&p.out, "out"}, {&p.lse, "lse"}},
                                 dev, {cache_dev});
   if (!st.ok()) return st;
   if (dev->type == DeviceType::kCPU && p.topk_length.present()) {
@@ -74,7 +91,7 @@ Status validate_sparse(const SparseMlaParams& p, Device* dev) {
   return c.status();
 }
 
-Status validate_dense(const DenseMlaParams& p, Device* dev) {
+Status validate_dense(const DenseMlaParams& p, Device* dev, bool aliasing) {
   core::ArgCheck c("dense_mla");
   check_common(c, p.q, p.attn_sink, p.sm_scale, p.out, p.lse);
   if (!c.ok()) return c.status();
@@ -96,11 +113,16 @@ Status validate_dense(const DenseMlaParams& p, Device* dev) {
     c.tensor(p.kv_lens, "kv_lens", {DType::kI32}, {{B, "B"}}, false);
     c.require(!p.cu_seqlens_k.present(), "cu_seqlens_k", "expected only with kv.flat (kv.paged was given)");
   }
+  if (aliasing)
+    check_outputs_disjoint(c, p.out, p.lse, p.kv,
+                         {{&p.cu_seqlens_q, "cu_seqlens_q"}, {&p.cu_seqlens_k, "cu_seqlens_k"},
+                          {&p.block_table, "block_table"}, {&p.kv_lens, "kv_lens"}},
+                           p.q, p.attn_sink);
   if (!c.ok()) return c.status();
   const Device* cache_dev = paged ? &p.kv.paged.device : nullptr;
   Status st = core::pick_device("dense_mla",
-                                {&p.q, &p.kv.flat, &p.cu_seqlens_q, &p.cu_seqlens_k, &p.block_table,
-                                 &p.kv_lens, &p.attn_sink, &p.out, &p.lse},
+                                {{&p.q, "q"}, {&p.kv.flat, "kv.flat"}, {&p.cu_seqlens_q, "cu_seqlens_q"}, {&p.cu_seqlens_k, "cu_seqlens_k"}, {&p.block_table, "block_table"},
+                                 {&p.kv_lens, "kv_lens"}, {&p.attn_sink, "attn_sink"}, {&p.out, "out"}, {&p.lse, "lse"}},
                                 dev, {cache_dev});
   if (!st.ok() || dev->type != DeviceType::kCPU) return st;
 
@@ -135,8 +157,9 @@ Status validate_dense(const DenseMlaParams& p, Device* dev) {
       kv_len = at(p.cu_seqlens_k, b + 1) - at(p.cu_seqlens_k, b);
     } else {
       kv_len = at(p.kv_lens, b);
-      c.require(kv_len >= 0 && kv_len <= max_blocks * page, "kv_lens",
-                "expected values in [0, max_blocks * page_size = " + num(max_blocks * page) + "], got kv_lens[" +
+      const int64_t cap = core::saturating_mul(max_blocks, page);
+      c.require(kv_len >= 0 && kv_len <= cap, "kv_lens",
+                "expected values in [0, max_blocks * page_size = " + num(cap) + "], got kv_lens[" +
                     num(b) + "] = " + num(kv_len));
       const int32_t* row = p.block_table.ptr<int32_t>() + b * p.block_table.stride[0];
       const int64_t used = (kv_len + page - 1) / page;
@@ -169,7 +192,7 @@ Status check_workspace(const char* op, size_t need, const void* ws, size_t have)
 
 size_t sparse_mla_workspace_size(const SparseMlaParams& p) {
   Device dev;
-  if (!validate_sparse(p, &dev).ok()) return 0;
+  if (!validate_sparse(p, &dev, false).ok()) return 0;
 #if defined(DSA_WITH_CUDA)
   if (dev.type == DeviceType::kCUDA) return gpu::sparse_mla_workspace_size(p);
 #endif
@@ -178,7 +201,7 @@ size_t sparse_mla_workspace_size(const SparseMlaParams& p) {
 
 Status sparse_mla(const SparseMlaParams& p) {
   Device dev;
-  Status st = validate_sparse(p, &dev);
+  Status st = validate_sparse(p, &dev, true);
   if (!st.ok()) return st;
 #if defined(DSA_WITH_CUDA)
   if (dev.type == DeviceType::kCUDA) {
@@ -191,7 +214,7 @@ Status sparse_mla(const SparseMlaParams& p) {
 
 size_t dense_mla_workspace_size(const DenseMlaParams& p) {
   Device dev;
-  if (!validate_dense(p, &dev).ok()) return 0;
+  if (!validate_dense(p, &dev, false).ok()) return 0;
 #if defined(DSA_WITH_CUDA)
   if (dev.type == DeviceType::kCUDA) return gpu::dense_mla_workspace_size(p);
 #endif
@@ -200,7 +223,7 @@ size_t dense_mla_workspace_size(const DenseMlaParams& p) {
 
 Status dense_mla(const DenseMlaParams& p) {
   Device dev;
-  Status st = validate_dense(p, &dev);
+  Status st = validate_dense(p, &dev, true);
   if (!st.ok()) return st;
 #if defined(DSA_WITH_CUDA)
   if (dev.type == DeviceType::kCUDA) {

@@ -30,8 +30,8 @@ void check_where_shapes(core::ArgCheck& c, const CacheSlots& w, int64_t T) {
 
 // For host tensors: every slot the op will touch lies inside the cache.
 Status check_where_contents(const char* op, const CacheSlots& w, int64_t T, int64_t num_blocks,
-                            int64_t page_size) {
-  const int64_t num_slots = num_blocks * page_size;
+                            int64_t page_size, const char* slots_name = "where.slots") {
+  const int64_t num_slots = core::saturating_mul(num_blocks, page_size);
   if (w.slots.present()) {
     if (w.slots.device.type != DeviceType::kCPU) return Status::Ok();
     const int64_t* s = w.slots.ptr<const int64_t>();
@@ -39,7 +39,7 @@ Status check_where_contents(const char* op, const CacheSlots& w, int64_t T, int6
       int64_t v = s[t * w.slots.stride[0]];
       if (v < -1 || v >= num_slots) {
         return Status(StatusCode::kInvalidArgument,
-                      fail_msg(op, "where.slots",
+                      fail_msg(op, slots_name,
                                "expected -1 (skip) or 0 <= slot < num_slots = " +
                                    std::to_string(num_slots) + ", got slots[" + std::to_string(t) +
                                    "] = " + std::to_string(v)));
@@ -62,11 +62,11 @@ Status check_where_contents(const char* op, const CacheSlots& w, int64_t T, int6
                              "expected 0 <= token_seq[t] < B = " + std::to_string(B) +
                                  ", got token_seq[" + std::to_string(t) + "] = " + std::to_string(b)));
     }
-    if (j < 0 || j >= max_blocks * page_size) {
+    if (j < 0 || j >= core::saturating_mul(max_blocks, page_size)) {
       return Status(StatusCode::kInvalidArgument,
                     fail_msg(op, "where.token_pos",
                              "expected 0 <= token_pos[t] < max_blocks * page_size = " +
-                                 std::to_string(max_blocks * page_size) + ", got token_pos[" +
+                                 std::to_string(core::saturating_mul(max_blocks, page_size)) + ", got token_pos[" +
                                  std::to_string(t) + "] = " + std::to_string(j)));
     }
     int64_t blk = table[b * bt.stride[0] + (j / page_size) * bt.stride[1]];
@@ -93,11 +93,17 @@ Status write_indexer_cache(const WriteIndexerCacheParams& p) {
   c.tensor(p.k_scale, "k_scale", {DType::kF32}, {{T, "T"}}, false);
   check_where_shapes(c, p.where, T);
   c.indexer_cache(p.cache, "cache");
+  if (c.ok()) {
+    const TensorDesc cb = core::cache_bytes(p.cache);
+    c.disjoint(cb, "cache", p.k, "k").disjoint(cb, "cache", p.k_scale, "k_scale");
+    c.disjoint(cb, "cache", p.where.slots, "where.slots").disjoint(cb, "cache", p.where.block_table, "where.block_table");
+    c.disjoint(cb, "cache", p.where.token_seq, "where.token_seq").disjoint(cb, "cache", p.where.token_pos, "where.token_pos");
+  }
   if (!c.ok()) return c.status();
   Device dev;
   Status st = core::pick_device(op,
-                                {&p.k, &p.k_scale, &p.where.slots, &p.where.block_table,
-                                 &p.where.token_seq, &p.where.token_pos},
+                                {{&p.k, "k"}, {&p.k_scale, "k_scale"}, {&p.where.slots, "where.slots"}, {&p.where.block_table, "where.block_table"},
+                                 {&p.where.token_seq, "where.token_seq"}, {&p.where.token_pos, "where.token_pos"}},
                                 &dev, {&p.cache.device});
   if (!st.ok()) return st;
   st = check_where_contents(op, p.where, T, p.cache.num_blocks, p.cache.page_size);
@@ -114,11 +120,17 @@ Status write_mla_cache(const WriteMlaCacheParams& p) {
   c.tensor(p.k_pe, "k_pe", {DType::kBF16, DType::kF32}, {{T, "T"}, {kRopeDim, "64"}});
   check_where_shapes(c, p.where, T);
   c.mla_cache(p.cache, "cache");
+  if (c.ok()) {
+    const TensorDesc cb = core::cache_bytes(p.cache);
+    c.disjoint(cb, "cache", p.kv_c, "kv_c").disjoint(cb, "cache", p.k_pe, "k_pe");
+    c.disjoint(cb, "cache", p.where.slots, "where.slots").disjoint(cb, "cache", p.where.block_table, "where.block_table");
+    c.disjoint(cb, "cache", p.where.token_seq, "where.token_seq").disjoint(cb, "cache", p.where.token_pos, "where.token_pos");
+  }
   if (!c.ok()) return c.status();
   Device dev;
   Status st = core::pick_device(op,
-                                {&p.kv_c, &p.k_pe, &p.where.slots, &p.where.block_table,
-                                 &p.where.token_seq, &p.where.token_pos},
+                                {{&p.kv_c, "kv_c"}, {&p.k_pe, "k_pe"}, {&p.where.slots, "where.slots"}, {&p.where.block_table, "where.block_table"},
+                                 {&p.where.token_seq, "where.token_seq"}, {&p.where.token_pos, "where.token_pos"}},
                                 &dev, {&p.cache.device});
   if (!st.ok()) return st;
   st = check_where_contents(op, p.where, T, p.cache.num_blocks, p.cache.page_size);
@@ -133,14 +145,15 @@ Status read_mla_cache(const ReadMlaCacheParams& p) {
   c.tensor(p.slots, "slots", {DType::kI64}, {"T"}, false);
   if (!c.ok()) return c.status();
   const int64_t T = p.slots.shape[0];
-  c.tensor(p.out, "out", {DType::kF32}, {{T, "T"}, {kQkDim, "576"}});
+  c.output(p.out, "out", {DType::kF32}, {{T, "T"}, {kQkDim, "576"}});
+  c.disjoint(p.out, "out", core::cache_bytes(p.cache), "cache").disjoint(p.out, "out", p.slots, "slots");
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.slots, &p.out}, &dev, {&p.cache.device});
+  Status st = core::pick_device(op, {{&p.slots, "slots"}, {&p.out, "out"}}, &dev, {&p.cache.device});
   if (!st.ok()) return st;
   CacheSlots where;
   where.slots = p.slots;
-  st = check_where_contents(op, where, T, p.cache.num_blocks, p.cache.page_size);
+  st = check_where_contents(op, where, T, p.cache.num_blocks, p.cache.page_size, "slots");
   if (!st.ok()) return st;
   return core::backend_status(op, dev, DSA_DISPATCH(dev, read_mla_cache, p));
 }
@@ -156,7 +169,7 @@ Status read_indexer_cache(const ReadIndexerCacheParams& p) {
   c.tensor(p.k_scale, "k_scale", {DType::kF32}, {{T, "T"}}, false);
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.slots, &p.k, &p.k_scale}, &dev, {&p.cache.device});
+  Status st = core::pick_device(op, {{&p.slots, "slots"}, {&p.k, "k"}, {&p.k_scale, "k_scale"}}, &dev, {&p.cache.device});
   if (!st.ok()) return st;
   CacheSlots where;
   where.slots = p.slots;

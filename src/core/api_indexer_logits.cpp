@@ -39,12 +39,15 @@ Status indexer_logits(const IndexerLogitsParams& p) {
   c.tensor(p.k_scale, "k_scale", {DType::kF32}, {{N, "N"}}, false);
   c.tensor(p.ks, "ks", {DType::kI32}, {{M, "M"}}, false);
   c.tensor(p.ke, "ke", {DType::kI32}, {{M, "M"}}, false);
-  c.tensor(p.logits, "logits", {DType::kF32}, {{M, "M"}, "W"});
+  c.output(p.logits, "logits", {DType::kF32, DType::kBF16}, {{M, "M"}, "W"});
   c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
             "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
+  c.disjoint(p.logits, "logits", p.q, "q").disjoint(p.logits, "logits", p.weights, "weights");
+  c.disjoint(p.logits, "logits", p.k, "k").disjoint(p.logits, "logits", p.k_scale, "k_scale");
+  c.disjoint(p.logits, "logits", p.ks, "ks").disjoint(p.logits, "logits", p.ke, "ke");
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.q, &p.weights, &p.k, &p.k_scale, &p.ks, &p.ke, &p.logits}, &dev);
+  Status st = core::pick_device(op, {{&p.q, "q"}, {&p.weights, "weights"}, {&p.k, "k"}, {&p.k_scale, "k_scale"}, {&p.ks, "ks"}, {&p.ke, "ke"}, {&p.logits, "logits"}}, &dev);
   if (!st.ok()) return st;
   if (dev.type == DeviceType::kCPU) {
     for (int64_t i = 0; i < M && c.ok(); ++i) {
@@ -86,18 +89,22 @@ Status indexer_logits_paged(const IndexerLogitsPagedParams& p) {
               "expected R == B * next_n = " + std::to_string(B) + " * " + std::to_string(p.next_n) +
                   " rows (decode form), got R = " + std::to_string(R));
   }
-  c.tensor(p.logits, "logits", {DType::kF32}, {{R, "R"}, "W"});
+  c.output(p.logits, "logits", {DType::kF32, DType::kBF16}, {{R, "R"}, "W"});
   c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
             "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
   c.require(p.skip_rows_up_to >= 0, "skip_rows_up_to", "expected >= 0, got " + std::to_string(p.skip_rows_up_to));
+  c.disjoint(p.logits, "logits", p.q, "q").disjoint(p.logits, "logits", p.weights, "weights");
+  c.disjoint(p.logits, "logits", core::cache_bytes(p.cache), "cache");
+  c.disjoint(p.logits, "logits", p.block_table, "block_table").disjoint(p.logits, "logits", p.kv_lens, "kv_lens");
+  c.disjoint(p.logits, "logits", p.row_seq, "row_seq").disjoint(p.logits, "logits", p.row_len, "row_len");
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.q, &p.weights, &p.block_table, &p.kv_lens, &p.row_seq,
-                                     &p.row_len, &p.logits}, &dev, {&p.cache.device});
+  Status st = core::pick_device(op, {{&p.q, "q"}, {&p.weights, "weights"}, {&p.block_table, "block_table"}, {&p.kv_lens, "kv_lens"}, {&p.row_seq, "row_seq"},
+                                     {&p.row_len, "row_len"}, {&p.logits, "logits"}}, &dev, {&p.cache.device});
   if (!st.ok()) return st;
   if (dev.type == DeviceType::kCPU) {
     const int64_t page = p.cache.page_size;
-    const int64_t cap = max_blocks * page;
+    const int64_t cap = core::saturating_mul(max_blocks, page);
     const int64_t W = p.logits.shape[1];
     // Largest key count any row of each sequence reads (within the computed columns).
     std::vector<int64_t> reads(static_cast<size_t>(B), 0);

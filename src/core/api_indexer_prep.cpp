@@ -40,11 +40,12 @@ Status quantize_fp8(const QuantizeFp8Params& p) {
   c.require(D % p.group == 0, "x",
             "expected the last dim D = " + std::to_string(D) + " to be a multiple of group = " +
                 std::to_string(p.group));
-  c.tensor(p.out, "out", {DType::kE4M3}, {{R, "R"}, {D, "D"}});
-  c.tensor(p.scale, "scale", {DType::kF32}, {{R, "R"}, {D / p.group, "D / group"}});
+  c.output(p.out, "out", {DType::kE4M3}, {{R, "R"}, {D, "D"}});
+  c.output(p.scale, "scale", {DType::kF32}, {{R, "R"}, {D / p.group, "D / group"}});
+  c.disjoint(p.out, "out", p.x, "x").disjoint(p.scale, "scale", p.x, "x").disjoint(p.scale, "scale", p.out, "out");
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.x, &p.out, &p.scale}, &dev);
+  Status st = core::pick_device(op, {{&p.x, "x"}, {&p.out, "out"}, {&p.scale, "scale"}}, &dev);
   if (!st.ok()) return st;
   return core::backend_status(op, dev, DSA_DISPATCH(dev, quantize_fp8, p));
 }
@@ -60,13 +61,20 @@ Status prepare_indexer_q(const PrepareIndexerQParams& p) {
   c.tensor(p.positions, "positions", {DType::kI32, DType::kI64}, {{T, "T"}}, false);
   c.tensor(p.cos_sin, "cos_sin", {DType::kF32}, {"max_positions", {kIndexRopeDim, "64"}});
   c.require(rope_style_ok(p.rope), "rope", "expected kHalfSplit or kInterleaved");
-  c.tensor(p.q_out, "q_out", {DType::kE4M3}, {{T, "T"}, {H, "H_idx"}, {kIndexHeadDim, "128"}});
-  c.tensor(p.weights_out, "weights_out", {DType::kF32}, {{T, "T"}, {H, "H_idx"}}, false);
-  c.optional(p.q_scale, "q_scale", {DType::kF32}, {{T, "T"}, {H, "H_idx"}}, false);
+  c.output(p.q_out, "q_out", {DType::kE4M3}, {{T, "T"}, {H, "H_idx"}, {kIndexHeadDim, "128"}});
+  c.output(p.weights_out, "weights_out", {DType::kF32}, {{T, "T"}, {H, "H_idx"}}, false);
+  c.optional_output(p.q_scale, "q_scale", {DType::kF32}, {{T, "T"}, {H, "H_idx"}}, false);
+  for (const auto& o : {std::make_pair(&p.q_out, "q_out"), std::make_pair(&p.weights_out, "weights_out"),
+                        std::make_pair(&p.q_scale, "q_scale")}) {
+    c.disjoint(*o.first, o.second, p.q, "q").disjoint(*o.first, o.second, p.weights, "weights");
+    c.disjoint(*o.first, o.second, p.positions, "positions").disjoint(*o.first, o.second, p.cos_sin, "cos_sin");
+  }
+  c.disjoint(p.q_out, "q_out", p.weights_out, "weights_out").disjoint(p.q_out, "q_out", p.q_scale, "q_scale");
+  c.disjoint(p.weights_out, "weights_out", p.q_scale, "q_scale");
   if (!c.ok()) return c.status();
   Device dev;
   Status st = core::pick_device(
-      op, {&p.q, &p.weights, &p.positions, &p.cos_sin, &p.q_out, &p.weights_out, &p.q_scale}, &dev);
+      op, {{&p.q, "q"}, {&p.weights, "weights"}, {&p.positions, "positions"}, {&p.cos_sin, "cos_sin"}, {&p.q_out, "q_out"}, {&p.weights_out, "weights_out"}, {&p.q_scale, "q_scale"}}, &dev);
   if (!st.ok()) return st;
   st = check_positions(op, p.positions, p.cos_sin.shape[0]);
   if (!st.ok()) return st;
@@ -82,11 +90,16 @@ Status prepare_indexer_k(const PrepareIndexerKParams& p) {
   c.tensor(p.positions, "positions", {DType::kI32, DType::kI64}, {{T, "T"}}, false);
   c.tensor(p.cos_sin, "cos_sin", {DType::kF32}, {"max_positions", {kIndexRopeDim, "64"}});
   c.require(rope_style_ok(p.rope), "rope", "expected kHalfSplit or kInterleaved");
-  c.tensor(p.k_out, "k_out", {DType::kE4M3}, {{T, "T"}, {kIndexHeadDim, "128"}});
-  c.tensor(p.k_scale, "k_scale", {DType::kF32}, {{T, "T"}}, false);
+  c.output(p.k_out, "k_out", {DType::kE4M3}, {{T, "T"}, {kIndexHeadDim, "128"}});
+  c.output(p.k_scale, "k_scale", {DType::kF32}, {{T, "T"}}, false);
+  for (const auto& o : {std::make_pair(&p.k_out, "k_out"), std::make_pair(&p.k_scale, "k_scale")}) {
+    c.disjoint(*o.first, o.second, p.k, "k").disjoint(*o.first, o.second, p.positions, "positions");
+    c.disjoint(*o.first, o.second, p.cos_sin, "cos_sin");
+  }
+  c.disjoint(p.k_out, "k_out", p.k_scale, "k_scale");
   if (!c.ok()) return c.status();
   Device dev;
-  Status st = core::pick_device(op, {&p.k, &p.positions, &p.cos_sin, &p.k_out, &p.k_scale}, &dev);
+  Status st = core::pick_device(op, {{&p.k, "k"}, {&p.positions, "positions"}, {&p.cos_sin, "cos_sin"}, {&p.k_out, "k_out"}, {&p.k_scale, "k_scale"}}, &dev);
   if (!st.ok()) return st;
   st = check_positions(op, p.positions, p.cos_sin.shape[0]);
   if (!st.ok()) return st;

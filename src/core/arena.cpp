@@ -25,6 +25,11 @@ void* Arena::alloc(int64_t bytes) {
     failed_ = true;
     return nullptr;
   }
+  // Compared before rounding: a saturated (overflowed) size must fail, not wrap in round_up.
+  if (bytes > capacity_ - offset_) {
+    failed_ = true;
+    return nullptr;
+  }
   const int64_t size = round_up(bytes);
   if (size > capacity_ - offset_) {
     failed_ = true;

@@ -27,7 +27,14 @@ class Arena {
   // it does not fit.
   void* alloc(int64_t bytes);
   template <typename T>
-  T* alloc_n(int64_t n) { return static_cast<T*>(alloc(n * static_cast<int64_t>(sizeof(T)))); }
+  T* alloc_n(int64_t n) {
+    int64_t bytes;  // n * sizeof(T), overflow-checked: an overflow is an allocation that does not fit
+    if (__builtin_mul_overflow(n, static_cast<int64_t>(sizeof(T)), &bytes)) {
+      failed_ = true;
+      return nullptr;
+    }
+    return static_cast<T*>(alloc(bytes));
+  }
   // A sub-arena of exactly `bytes` (rounded up) carved from this one; empty when it does not fit.
   Arena sub(int64_t bytes);
 

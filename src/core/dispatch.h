@@ -1,5 +1,7 @@
 // Backend dispatch: the device the tensors live on picks the implementation.
 #pragma once
+#include <new>
+
 #include "core/kernel_name.h"
 #include "core/step/device_ops.h"
 #include "core/validate.h"
@@ -11,16 +13,33 @@
 namespace dsa {
 namespace core {
 
+// f() as a StatusCode; an exception that escaped a backend becomes kOutOfMemory
+// (std::bad_alloc) or kInternal, never a throw across the API.
+template <typename F>
+StatusCode guard_code(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return StatusCode::kOutOfMemory;
+  } catch (...) {
+    return StatusCode::kInternal;
+  }
+}
+
 // DSA_DISPATCH(device, fn, params): cpu::fn(params) or gpu::fn(params) as a StatusCode. It
 // clears dsa::last_kernel_name first; the CUDA launchers set it again.
 #if defined(DSA_WITH_CUDA)
-#define DSA_DISPATCH(device, fn, params)  \
-  (::dsa::core::set_last_kernel_name(""), \
-   (device).type == ::dsa::DeviceType::kCUDA ? ::dsa::gpu::fn(params) : ::dsa::cpu::fn(params))
+#define DSA_DISPATCH(device, fn, params)                                                                \
+  ::dsa::core::guard_code([&]() {                                                                       \
+    ::dsa::core::set_last_kernel_name("");                                                              \
+    return (device).type == ::dsa::DeviceType::kCUDA ? ::dsa::gpu::fn(params) : ::dsa::cpu::fn(params); \
+  })
 #else
-#define DSA_DISPATCH(device, fn, params)  \
-  (::dsa::core::set_last_kernel_name(""), \
-   (device).type == ::dsa::DeviceType::kCUDA ? ::dsa::StatusCode::kUnsupported : ::dsa::cpu::fn(params))
+#define DSA_DISPATCH(device, fn, params)                                                                            \
+  ::dsa::core::guard_code([&]() {                                                                                   \
+    ::dsa::core::set_last_kernel_name("");                                                                          \
+    return (device).type == ::dsa::DeviceType::kCUDA ? ::dsa::StatusCode::kUnsupported : ::dsa::cpu::fn(params); \
+  })
 #endif
 
 // The layer step's backend bookkeeping (core/step/device_ops.h) for a device type.

@@ -8,6 +8,7 @@
 //                              dense run, sparse_run per sparse run
 //   step:                      validate, then prepare's and run's stages
 #include <algorithm>
+#include <new>
 
 #include "core/step/step.h"
 #include "dsa/layer.h"
@@ -81,11 +82,15 @@ const char* route_name(Route r) {
   return "unknown";
 }
 
-Attention::Attention(const Plan& plan) : plan_(plan), state_(new st::StepState) { status_ = state_->init(plan_); }
+Attention::Attention(const Plan& plan) : plan_(plan), state_(new (std::nothrow) st::StepState) {
+  status_ = state_ ? state_->init(plan_)
+                   : Status(StatusCode::kOutOfMemory, "attention_step: cannot allocate the step state");
+}
 
 Status Attention::create(const Plan& plan, std::unique_ptr<Attention>* out) {
   if (out == nullptr) return st::invalid("create: out: expected a non-null std::unique_ptr<Attention>*");
-  std::unique_ptr<Attention> a(new Attention(plan));
+  std::unique_ptr<Attention> a(new (std::nothrow) Attention(plan));
+  if (!a) return Status(StatusCode::kOutOfMemory, "attention_step: create: cannot allocate the Attention object");
   if (!a->status().ok()) return a->status();
   *out = std::move(a);
   return Status::Ok();

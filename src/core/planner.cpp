@@ -10,7 +10,9 @@
 
 #include "core/arena.h"
 #include "core/step_layout.h"
+#include "core/validate.h"
 #include "dsa/attention.h"
+#include "dsa/mha.h"
 
 namespace dsa {
 namespace {
@@ -69,7 +71,7 @@ int64_t Plan::chunk_bytes(int64_t rows, int64_t width) const {
   core::Arena a = core::Arena::counting();
   core::ChunkLayout l;
   core::layout_chunk(a, config.device, rows, width, config.geometry.topk, &l);
-  return a.used();
+  return a.failed() ? std::numeric_limits<int64_t>::max() : a.used();  // an overflow fits nothing
 }
 
 int64_t Plan::tiled_row_bytes(int64_t width) const {
@@ -77,7 +79,7 @@ int64_t Plan::tiled_row_bytes(int64_t width) const {
   core::TiledLayout l;
   const int64_t tiles = (config.max_context + width - 1) / width;
   core::layout_tiled(a, config.device, width, tiles, config.geometry.topk, &l);
-  return a.used();
+  return a.failed() ? std::numeric_limits<int64_t>::max() : a.used();
 }
 
 int64_t Plan::rows_per_chunk(int64_t context_len) const {
@@ -108,8 +110,9 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
     return invalid("geometry.num_layers: expected >= 0 main and MTP layers");
   if (c.cache_dtype != MlaCacheDtype::kBF16 && c.cache_dtype != MlaCacheDtype::kFP8)
     return invalid("cache_dtype: expected bf16 or fp8");
-  if (c.page_size <= 0 || c.page_size % 4 != 0)
-    return invalid("page_size: expected > 0 and a multiple of 4 (indexer cache pages), got " + num(c.page_size));
+  if (c.page_size <= 0 || c.page_size % 4 != 0 || c.page_size > std::numeric_limits<int32_t>::max())
+    return invalid("page_size: expected > 0, a multiple of 4 (indexer cache pages) and below 2^31 (i32 slots), got " +
+                   num(c.page_size));
   if (c.max_tokens_per_step <= 0) return invalid("max_tokens_per_step: expected >= 1, got " + num(c.max_tokens_per_step));
   if (c.max_seqs_per_step <= 0) return invalid("max_seqs_per_step: expected >= 1, got " + num(c.max_seqs_per_step));
   if (c.max_next_n <= 0) return invalid("max_next_n: expected >= 1, got " + num(c.max_next_n));
@@ -122,7 +125,14 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
   if (c.device_memory_bytes < 0) return invalid("device_memory_bytes: expected >= 0, got " + num(c.device_memory_bytes));
   if (!c.memory_is_exact && !(c.kv_cache_fraction > 0.0 && c.kv_cache_fraction <= 1.0))
     return invalid("kv_cache_fraction: expected in (0, 1], got " + std::to_string(c.kv_cache_fraction));
-  const int64_t max_rows = std::max(c.max_tokens_per_step, c.max_seqs_per_step * c.max_next_n);
+  // Rows are i32 everywhere: the product is checked, never wrapped (it can overflow int64).
+  const int64_t decode_rows = core::saturating_mul(c.max_seqs_per_step, c.max_next_n);
+  if (decode_rows > std::numeric_limits<int32_t>::max())
+    return invalid("max_seqs_per_step * max_next_n: expected rows per step below 2^31, got " +
+                   (decode_rows == std::numeric_limits<int64_t>::max()
+                        ? num(c.max_seqs_per_step) + " * " + num(c.max_next_n) + " (overflows int64)"
+                        : num(decode_rows)));
+  const int64_t max_rows = std::max(c.max_tokens_per_step, decode_rows);
   if (max_rows > std::numeric_limits<int32_t>::max())
     return invalid("max_tokens_per_step: expected rows per step below 2^31, got " + num(max_rows));
 
@@ -178,7 +188,9 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
   {
     core::Arena a = core::Arena::counting();
     core::StepLayout l;
-    core::layout_step(a, p, &l, &p.buffers);
+    if (!core::layout_step(a, p, &l, &p.buffers))
+      return limit("the workspace for max_rows = " + num(max_rows) + ", max_seqs_per_step = " + num(c.max_seqs_per_step) +
+                   " and index_heads = " + num(g.index_heads) + " does not fit int64 bytes");
     p.buffers.push_back(PlanBuffer{"alignment_slack", core::Arena::kAlign,
                                    "aligns the first buffer of an unaligned workspace"});
     p.workspace_bytes = a.used() + core::Arena::kAlign;
@@ -190,7 +202,10 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
   p.indexer_layers = g.num_indexer_cache_layers() + g.num_mtp_layers;
   p.mla_page_bytes = c.page_size * mla_token_bytes(c.cache_dtype);
   p.indexer_page_bytes = c.page_size * kIndexerTokenBytes;
-  const int64_t page_all_layers = p.mla_layers * p.mla_page_bytes + p.indexer_layers * p.indexer_page_bytes;
+  const int64_t page_all_layers = core::saturating_add(core::saturating_mul(p.mla_layers, p.mla_page_bytes),
+                                                       core::saturating_mul(p.indexer_layers, p.indexer_page_bytes));
+  if (page_all_layers == std::numeric_limits<int64_t>::max())
+    return invalid("geometry.num_layers: the bytes of one page over all layers overflow int64");
   const double fraction = c.memory_is_exact ? 1.0 : c.kv_cache_fraction;
   if (c.device_memory_bytes > 0 && page_all_layers > 0) {
     const int64_t need_pages = (L + c.page_size - 1) / c.page_size;  // one sequence of max_context
@@ -200,8 +215,12 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
       return static_cast<int64_t>(kv) / page_all_layers;
     };
     if (pages_for(c.device_memory_bytes) < need_pages) {
-      int64_t mem = p.workspace_bytes +
-                    static_cast<int64_t>(std::ceil(static_cast<double>(need_pages * page_all_layers) / fraction));
+      const double need_mem = static_cast<double>(p.workspace_bytes) +
+                              std::ceil(static_cast<double>(need_pages) * static_cast<double>(page_all_layers) /
+                                        fraction);
+      if (!(need_mem < 9.0e18))
+        return limit("device_memory_bytes: one sequence of max_context = " + num(L) + " needs more than 2^63 bytes of KV cache");
+      int64_t mem = static_cast<int64_t>(need_mem);
       while (pages_for(mem) < need_pages) ++mem;
       while (mem > p.workspace_bytes + 1 && pages_for(mem - 1) >= need_pages) --mem;
       return limit("device_memory_bytes = " + bytes_str(c.device_memory_bytes) + " leaves room for " +
@@ -220,6 +239,39 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
     p.indexer_cache_bytes = p.kv_pages * p.indexer_page_bytes * p.indexer_layers;
   }
   *out = std::move(p);
+  return Status::Ok();
+}
+
+// ---- MHA-form prefill ----
+
+Status plan_mha_prefill(const PlannerConfig& c, int64_t budget_bytes, MhaPrefillReservation* out) {
+  if (out == nullptr) return invalid("plan_mha_prefill: expected a reservation to fill, got null");
+  const ModelGeometry& g = c.geometry;
+  if (g.num_heads <= 0 || g.qk_nope_head_dim <= 0 || g.v_head_dim <= 0)
+    return invalid("geometry: expected num_heads, qk_nope_head_dim and v_head_dim > 0 for the MHA form, got " +
+                   num(g.num_heads) + ", " + num(g.qk_nope_head_dim) + ", " + num(g.v_head_dim));
+  if (g.topk <= 0) return invalid("geometry.topk: expected > 0, got " + num(g.topk));
+  if (c.max_tokens_per_step <= 0 || c.max_seqs_per_step <= 0)
+    return invalid("max_tokens_per_step, max_seqs_per_step: expected >= 1");
+  const int64_t max_context = c.max_context > 0 ? c.max_context : g.max_positions;
+  if (max_context <= 0) return invalid("max_context: expected >= 1 (or a geometry with max_positions)");
+  if (budget_bytes < 0) return invalid("budget_bytes: expected >= 0, got " + num(budget_bytes));
+  auto bytes = [&](int64_t tokens) {
+    return mha_prefill_workspace_bytes(c.device, g.num_heads, g.qk_nope_head_dim, g.v_head_dim, tokens);
+  };
+  MhaPrefillReservation r;
+  r.max_seq_context = std::min<int64_t>(g.topk, max_context);
+  r.batch_tokens = std::min(c.max_seqs_per_step, c.max_tokens_per_step) * r.max_seq_context;
+  r.min_bytes = bytes(r.max_seq_context);
+  r.batch_bytes = bytes(r.batch_tokens);
+  int64_t lo = r.max_seq_context, hi = r.batch_tokens;  // largest tokens within the budget
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (bytes(mid) <= budget_bytes) lo = mid; else hi = mid - 1;
+  }
+  r.group_tokens = lo;
+  r.bytes = bytes(lo);
+  *out = r;
   return Status::Ok();
 }
 

@@ -58,7 +58,13 @@ bool cuda_available() {
 #endif
 }
 
-void set_num_threads(int n) { cpu::set_pool_threads(n); }
+Status set_num_threads(int n) {
+  if (n > kMaxCpuThreads)
+    return Status(StatusCode::kInvalidArgument, "set_num_threads: n: expected <= " + std::to_string(kMaxCpuThreads) +
+                                                    " (or <= 0 for all hardware threads), got " + std::to_string(n));
+  cpu::set_pool_threads(n);
+  return Status::Ok();
+}
 int num_threads() { return cpu::pool_threads(); }
 
 namespace {

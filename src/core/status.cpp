@@ -11,6 +11,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kLimitExceeded: return "limit exceeded";
     case StatusCode::kDeviceError: return "device error";
     case StatusCode::kInternal: return "internal error";
+    case StatusCode::kOutOfMemory: return "out of memory";
   }
   return "unknown status";
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/validate.h"
 #include "dsa/topk.h"
 
 namespace dsa {
@@ -47,12 +48,12 @@ bool layout_chunk(Arena& a, Device dev, int64_t rows, int64_t width, int64_t k, 
                   std::vector<PlanBuffer>* names) {
   o->stride = score_stride(width);
   o->topk_ws_bytes = topk_scratch_bytes(dev, rows, width, o->stride, k, false);
-  return take(a, rows * o->stride, &o->scores, names, "score_chunk",
+  return take(a, saturating_mul(rows, o->stride), &o->scores, names, "score_chunk",
               "f32 scores [rows, width] with rows padded to 64 floats") &&
          take_bytes(a, static_cast<int64_t>(o->topk_ws_bytes), &o->topk_ws, names, "topk_scratch",
                     "backend top-k workspace (topk_workspace_size)") &&
-         take(a, rows * k, &o->idx, names, "index_chunk", "i32 selected positions [rows, topk]") &&
-         take(a, rows * k, &o->mapped, names, "mapped_index_chunk", "i32 cache slots [rows, topk]");
+         take(a, saturating_mul(rows, k), &o->idx, names, "index_chunk", "i32 selected positions [rows, topk]") &&
+         take(a, saturating_mul(rows, k), &o->mapped, names, "mapped_index_chunk", "i32 cache slots [rows, topk]");
 }
 
 bool layout_tiled(Arena& a, Device dev, int64_t tile_width, int64_t max_tiles, int64_t k,
@@ -76,7 +77,7 @@ bool layout_tiled(Arena& a, Device dev, int64_t tile_width, int64_t max_tiles, i
 }
 
 bool layout_shared(Arena& a, int64_t rows, int64_t k, int32_t** mapped) {
-  *mapped = a.alloc_n<int32_t>(rows * k);
+  *mapped = a.alloc_n<int32_t>(saturating_mul(rows, k));
   return *mapped != nullptr;
 }
 
@@ -87,15 +88,15 @@ bool layout_step(Arena& a, const Plan& plan, StepLayout* o, std::vector<PlanBuff
   void* ws = nullptr;
   void* score = nullptr;
   const bool ok =
-      take(a, T * Hi * 128, &o->index_q, names, "indexer_q", "e4m3 prepared indexer queries [rows, H_idx, 128]") &&
-      take(a, T * Hi, &o->index_w, names, "indexer_weights", "f32 folded gates w' [rows, H_idx]") &&
-      take(a, T * 128, &o->index_k, names, "indexer_k", "e4m3 prepared indexer keys [rows, 128]") &&
+      take(a, saturating_mul(saturating_mul(T, Hi), 128), &o->index_q, names, "indexer_q", "e4m3 prepared indexer queries [rows, H_idx, 128]") &&
+      take(a, saturating_mul(T, Hi), &o->index_w, names, "indexer_weights", "f32 folded gates w' [rows, H_idx]") &&
+      take(a, saturating_mul(T, 128), &o->index_k, names, "indexer_k", "e4m3 prepared indexer keys [rows, 128]") &&
       take(a, T, &o->index_k_scale, names, "indexer_k_scale", "f32 key scales [rows]") &&
       take(a, T, &o->row_seq, names, "row_seq", "i32 sequence of each row") &&
       take(a, T, &o->row_len, names, "row_len", "i32 keys each row sees") &&
       take(a, T, &o->token_pos, names, "token_pos", "i32 cache position of each row") &&
       take(a, B, &o->kv_lens, names, "kv_lens", "i32 keys per sequence") &&
-      take(a, 2 * B + 1, &o->dense_cu, names, "dense_cu_seqlens", "i32 cu_seqlens of the dense runs") &&
+      take(a, saturating_add(saturating_mul(2, B), 1), &o->dense_cu, names, "dense_cu_seqlens", "i32 cu_seqlens of the dense runs") &&
       take_bytes(a, plan.attention_scratch_bytes, &ws, names, "attention_scratch",
                  "backend workspace of sparse / dense MLA") &&
       take_bytes(a, plan.score_region_bytes, &score, names, "score_region",

@@ -52,7 +52,7 @@ StatusCode write_indexer_cache(const WriteIndexerCacheParams& p) {
   uint8_t* base = static_cast<uint8_t*>(p.cache.data);
   const uint8_t* k = p.k.ptr<const uint8_t>();
   const float* ks = p.k_scale.ptr<const float>();
-  parallel_for(T, kTokenGrain, [&](int64_t b, int64_t e) {
+  return parallel_for(T, kTokenGrain, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t slot = slot_of(p.where, t, page);
       if (slot < 0) continue;
@@ -63,7 +63,6 @@ StatusCode write_indexer_cache(const WriteIndexerCacheParams& p) {
       std::memcpy(blk + page * kIndexHeadDim + off * 4, ks + t * p.k_scale.stride[0], 4);
     }
   });
-  return StatusCode::kOk;
 }
 
 StatusCode write_mla_cache(const WriteMlaCacheParams& p) {
@@ -76,7 +75,7 @@ StatusCode write_mla_cache(const WriteMlaCacheParams& p) {
   const int64_t es_r = static_cast<int64_t>(dtype_size(p.k_pe.dtype));
   const char* kv = static_cast<const char*>(p.kv_c.data);
   const char* pe = static_cast<const char*>(p.k_pe.data);
-  parallel_for(T, kTokenGrain, [&](int64_t b, int64_t e) {
+  return parallel_for(T, kTokenGrain, [&](int64_t b, int64_t e) {
     alignas(64) float tile[kMlaFp8TileSize];
     alignas(64) uint16_t rope[kRopeDim];
     alignas(64) uint8_t codes[kMlaFp8TileSize];
@@ -106,7 +105,6 @@ StatusCode write_mla_cache(const WriteMlaCacheParams& p) {
       std::memcpy(dst + kMlaFp8RopeOffset, rope, sizeof(rope));
     }
   });
-  return StatusCode::kOk;
 }
 
 StatusCode read_indexer_cache(const ReadIndexerCacheParams& p) {
@@ -137,7 +135,7 @@ StatusCode read_mla_cache(const ReadMlaCacheParams& p) {
   const uint8_t* base = static_cast<const uint8_t*>(p.cache.data);
   const int64_t* slots = p.slots.ptr<const int64_t>();
   float* out = p.out.ptr<float>();
-  parallel_for(T, kTokenGrain, [&](int64_t b, int64_t e) {
+  return parallel_for(T, kTokenGrain, [&](int64_t b, int64_t e) {
     alignas(64) uint16_t row[kQkDim];
     for (int64_t t = b; t < e; ++t) {
       const int64_t slot = slots[t * p.slots.stride[0]];
@@ -159,7 +157,6 @@ StatusCode read_mla_cache(const ReadMlaCacheParams& p) {
       for (int i = 0; i < kRopeDim; ++i) o[kLatentDim + i] = bf16_to_float(row[i]);
     }
   });
-  return StatusCode::kOk;
 }
 
 }  // namespace cpu

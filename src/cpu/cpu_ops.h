@@ -1,6 +1,7 @@
 // The CPU backend's entry points (tier 1: arguments are already validated by src/core; each
 // returns only a code). One implementation file per op family in src/cpu/.
 #pragma once
+#include "core/mha_layout.h"
 #include "dsa/attention.h"
 #include "dsa/cache.h"
 #include "dsa/indexer.h"
@@ -29,6 +30,10 @@ StatusCode map_indices(const MapIndicesParams& p);
 // mla_attention.cpp
 StatusCode sparse_mla(const SparseMlaParams& p);
 StatusCode dense_mla(const DenseMlaParams& p);
+// mha_prefill.cpp: one sequence group (src/core/api_mha.cpp makes the groups)
+StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::MhaGroup& g);
+bool mha_uses_blas();  // decompression through the BLAS found at build time
+void set_mha_blas(bool on);  // internal (tests, timing): false = our own GEMM loop
 
 }  // namespace cpu
 }  // namespace dsa

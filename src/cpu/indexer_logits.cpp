@@ -180,22 +180,33 @@ void run_chunk(const Tile& t, int64_t c0, int64_t c1, const Keys& keys, const Te
     std::fill(sc.s.begin(), sc.s.end(), 0.f);
     score_block(sc.q.data(), sc.w.data(), t.rows * H, H, kt, sc.s.data());
     for (int r = 0; r < t.rows; ++r) {
-      float* orow = out.ptr<float>() + t.row[r] * out.stride[0];
       const float* srow = sc.s.data() + r * kKeyBlock;
       const int64_t valid_end = std::min(nk, std::max<int64_t>(t.nvalid[r] - b0, 0));
-      for (int64_t c = 0; c < valid_end; ++c) orow[b0 + c] = srow[c] * sc.ks[c];
-      for (int64_t c = valid_end; c < nk; ++c) orow[b0 + c] = ninf;
+      if (out.dtype == DType::kBF16) {
+        uint16_t* orow = out.ptr<uint16_t>() + t.row[r] * out.stride[0];
+        for (int64_t c = 0; c < valid_end; ++c) orow[b0 + c] = float_to_bf16(srow[c] * sc.ks[c]);
+        for (int64_t c = valid_end; c < nk; ++c) orow[b0 + c] = float_to_bf16(ninf);
+      } else {
+        float* orow = out.ptr<float>() + t.row[r] * out.stride[0];
+        for (int64_t c = 0; c < valid_end; ++c) orow[b0 + c] = srow[c] * sc.ks[c];
+        for (int64_t c = valid_end; c < nk; ++c) orow[b0 + c] = ninf;
+      }
     }
   }
   const int64_t tail = std::max(c0, compute_end);
   for (int r = 0; r < t.rows; ++r) {
-    float* orow = out.ptr<float>() + t.row[r] * out.stride[0];
-    for (int64_t c = tail; c < c1; ++c) orow[c] = ninf;
+    if (out.dtype == DType::kBF16) {
+      uint16_t* orow = out.ptr<uint16_t>() + t.row[r] * out.stride[0];
+      for (int64_t c = tail; c < c1; ++c) orow[c] = float_to_bf16(ninf);
+    } else {
+      float* orow = out.ptr<float>() + t.row[r] * out.stride[0];
+      for (int64_t c = tail; c < c1; ++c) orow[c] = ninf;
+    }
   }
 }
 
 template <typename Keys>
-void run_tiles(const std::vector<Tile>& tiles, const Keys& keys, const TensorDesc& q,
+StatusCode run_tiles(const std::vector<Tile>& tiles, const Keys& keys, const TensorDesc& q,
                const TensorDesc& w, const TensorDesc& out) {
   const int64_t W = out.shape[1];
   struct Item { int64_t tile, c0, c1; };
@@ -210,7 +221,7 @@ void run_tiles(const std::vector<Tile>& tiles, const Keys& keys, const TensorDes
       c0 = c1;
     } while (c0 < W);
   }
-  parallel_for(static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
+  return parallel_for(static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
     thread_local Scratch sc;
     for (int64_t i = b; i < e; ++i)
       run_chunk(tiles[items[i].tile], items[i].c0, items[i].c1, keys, q, w, out, sc);
@@ -241,8 +252,7 @@ StatusCode indexer_logits(const IndexerLogitsParams& p) {
     ++t.rows;
   }
   FlatKeys keys{p.k.ptr<const uint8_t>(), p.k.stride[0], p.k_scale.ptr<const float>(), p.k_scale.stride[0]};
-  run_tiles(tiles, keys, p.q, p.weights, p.logits);
-  return StatusCode::kOk;
+  return run_tiles(tiles, keys, p.q, p.weights, p.logits);
 }
 
 StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
@@ -270,8 +280,7 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   }
   PagedKeys keys{static_cast<const uint8_t*>(p.cache.data), p.cache.block_bytes(), p.cache.page_size,
                  p.block_table.ptr<const int32_t>(), p.block_table.stride[0], p.block_table.stride[1]};
-  run_tiles(tiles, keys, p.q, p.weights, p.logits);
-  return StatusCode::kOk;
+  return run_tiles(tiles, keys, p.q, p.weights, p.logits);
 }
 
 }  // namespace cpu

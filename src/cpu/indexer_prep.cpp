@@ -106,7 +106,7 @@ StatusCode quantize_fp8(const QuantizeFp8Params& p) {
   uint8_t* ob = p.out.ptr<uint8_t>();
   float* sb = p.scale.ptr<float>();
   const int64_t n = R * groups;
-  parallel_for(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(g, 1)), [&](int64_t b, int64_t e) {
+  return parallel_for(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(g, 1)), [&](int64_t b, int64_t e) {
     std::vector<float> buf(static_cast<size_t>(g));
     for (int64_t i = b; i < e; ++i) {
       const int64_t r = i / groups, k = i % groups;
@@ -115,7 +115,6 @@ StatusCode quantize_fp8(const QuantizeFp8Params& p) {
           quantize_group(buf.data(), g, ob + r * p.out.stride[0] + k * g);
     }
   });
-  return StatusCode::kOk;
 }
 
 // Position t of an i32 or i64 vector.
@@ -134,7 +133,7 @@ StatusCode prepare_indexer_q(const PrepareIndexerQParams& p) {
   float* qs = p.q_scale.present() ? p.q_scale.ptr<float>() : nullptr;
   // c = fl(1 / sqrt(128 * H_idx)), computed in double so every backend gets the same float.
   const float c = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kD * H)));
-  parallel_for(T * H, 32, [&](int64_t b, int64_t e) {
+  return parallel_for(T * H, 32, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t t = i / H, h = i % H;
       const float* row_cs = cs + position_at(p.positions, t) * p.cos_sin.stride[0];
@@ -147,7 +146,6 @@ StatusCode prepare_indexer_q(const PrepareIndexerQParams& p) {
       if (qs) qs[t * p.q_scale.stride[0] + h * p.q_scale.stride[1]] = s;
     }
   });
-  return StatusCode::kOk;
 }
 
 StatusCode prepare_indexer_k(const PrepareIndexerKParams& p) {
@@ -157,14 +155,13 @@ StatusCode prepare_indexer_k(const PrepareIndexerKParams& p) {
   const float* cs = p.cos_sin.ptr<const float>();
   uint8_t* ko = p.k_out.ptr<uint8_t>();
   float* ks = p.k_scale.ptr<float>();
-  parallel_for(T, 32, [&](int64_t b, int64_t e) {
+  return parallel_for(T, 32, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const float* row_cs = cs + position_at(p.positions, t) * p.cos_sin.stride[0];
       ks[t * p.k_scale.stride[0]] = prepare_vector(kb + t * p.k.stride[0] * es, p.k.dtype, row_cs,
                                                    p.rope, p.hadamard, ko + t * p.k_out.stride[0]);
     }
   });
-  return StatusCode::kOk;
 }
 
 }  // namespace cpu

@@ -388,7 +388,7 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
   const int hpi = heads_per_item(T, H);
   const int64_t hsplit = (H + hpi - 1) / hpi;
   const OutputWriter w{p.out, p.lse, p.attn_sink};
-  parallel_for(T * hsplit, 1, [&](int64_t b, int64_t e) {
+  return parallel_for(T * hsplit, 1, [&](int64_t b, int64_t e) {
     Scratch s(hpi);
     s.slots.reserve(static_cast<size_t>(K));
     for (int64_t item = b; item < e; ++item) {
@@ -408,7 +408,6 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
       attend_token(src, p.q, p.sm_scale, t, h0, h1, w, s);
     }
   });
-  return StatusCode::kOk;
 }
 
 StatusCode dense_mla(const DenseMlaParams& p) {
@@ -427,7 +426,7 @@ StatusCode dense_mla(const DenseMlaParams& p) {
   const int64_t hsplit = (H + hpi - 1) / hpi;
   const int64_t items = T * hsplit;
   const OutputWriter w{p.out, p.lse, p.attn_sink};
-  parallel_for(items, 1, [&](int64_t b, int64_t e) {
+  return parallel_for(items, 1, [&](int64_t b, int64_t e) {
     Scratch s(hpi);
     for (int64_t item = b; item < e; ++item) {
       // Causal rows grow in cost with t: interleave cheap and expensive tokens so that every
@@ -457,7 +456,6 @@ StatusCode dense_mla(const DenseMlaParams& p) {
       attend_token(src, p.q, p.sm_scale, t, h0, h1, w, s);
     }
   });
-  return StatusCode::kOk;
 }
 
 }  // namespace cpu

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -12,6 +13,20 @@ namespace cpu {
 namespace {
 
 thread_local bool t_in_pool_task = false;
+
+// Runs body(b, e), recording an exception as a code in `failed` (the first one wins).
+void run_guarded(const std::function<void(int64_t, int64_t)>& body, int64_t b, int64_t e,
+                 std::atomic<int>* failed) {
+  try {
+    body(b, e);
+  } catch (const std::bad_alloc&) {
+    int expect = 0;
+    failed->compare_exchange_strong(expect, static_cast<int>(StatusCode::kOutOfMemory));
+  } catch (...) {
+    int expect = 0;
+    failed->compare_exchange_strong(expect, static_cast<int>(StatusCode::kInternal));
+  }
+}
 
 class Pool {
  public:
@@ -30,18 +45,25 @@ class Pool {
     target_ = want;
   }
 
-  void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
-    if (n <= 0) return;
+  StatusCode run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+    if (n <= 0) return StatusCode::kOk;
     grain = std::max<int64_t>(grain, 1);
+    std::atomic<int> failed{0};
     std::unique_lock<std::mutex> cfg(config_mu_);
     int t = target_;
-    int64_t tasks = std::min<int64_t>(t, (n + grain - 1) / grain);
+    int64_t tasks = std::min<int64_t>(t, n / grain + (n % grain != 0));
     if (tasks <= 1 || t_in_pool_task) {
       cfg.unlock();
-      body(0, n);
-      return;
+      run_guarded(body, 0, n, &failed);
+      return static_cast<StatusCode>(failed.load());
     }
-    start_locked();
+    try {
+      start_locked();
+    } catch (...) {  // std::system_error: no threads to be had; run serially
+      cfg.unlock();
+      run_guarded(body, 0, n, &failed);
+      return static_cast<StatusCode>(failed.load());
+    }
     // One loop at a time: concurrent callers (several engine threads) queue here.
     std::lock_guard<std::mutex> serial(run_mu_);
     cfg.unlock();
@@ -53,7 +75,7 @@ class Pool {
         int64_t i = next.fetch_add(1);
         if (i >= tasks) break;
         int64_t b = i * per, e = std::min(n, b + per);
-        if (b < e) body(b, e);
+        if (b < e) run_guarded(body, b, e, &failed);
         done.fetch_add(1);
       }
     };
@@ -71,6 +93,7 @@ class Pool {
       done_cv_.wait(g, [&] { return done.load() >= tasks && active_ == 0; });
       job_ = nullptr;
     }
+    return static_cast<StatusCode>(failed.load());
   }
 
  private:
@@ -147,8 +170,8 @@ Pool& pool() {
 int pool_threads() { return pool().threads(); }
 void set_pool_threads(int n) { pool().set_threads(n); }
 
-void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
-  pool().run(n, grain, body);
+StatusCode parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  return pool().run(n, grain, body);
 }
 
 }  // namespace cpu

@@ -16,8 +16,8 @@ class CpuStepOps final : public core::step::DeviceOps {
   Status alloc_staging(Device, size_t bytes, void** out) const override {
     *out = std::calloc(bytes > 0 ? bytes : 1, 1);
     if (*out == nullptr)
-      return Status(StatusCode::kDeviceError, "attention_step: cannot allocate " + std::to_string(bytes) +
-                                                  " bytes of host staging (plan.host_bytes)");
+      return Status(StatusCode::kOutOfMemory, "attention_step: plan.host_bytes: cannot allocate " + std::to_string(bytes) +
+                                                  " bytes of host staging (lower max_seqs_per_step or max_tokens_per_step)");
     return Status::Ok();
   }
   void free_staging(void* p) const override { std::free(p); }

@@ -138,7 +138,7 @@ StatusCode topk(const TopkParams& p) {
   if (slots < 1) return per > 0 ? StatusCode::kWorkspaceTooSmall : StatusCode::kInternal;
   const int64_t rows_per_slot = (M + slots - 1) / slots;
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
-  parallel_for(slots, 1, [&](int64_t b, int64_t e) {
+  return parallel_for(slots, 1, [&](int64_t b, int64_t e) {
     for (int64_t s = b; s < e; ++s) {
       TopkScratch sc{nullptr, nullptr};
       if (per > 0) {
@@ -157,7 +157,6 @@ StatusCode topk(const TopkParams& p) {
       }
     }
   });
-  return StatusCode::kOk;
 }
 
 StatusCode map_indices(const MapIndicesParams& p) {
@@ -166,7 +165,7 @@ StatusCode map_indices(const MapIndicesParams& p) {
   const int64_t page = p.page_size;
   const int64_t max_blocks = paged ? p.block_table.shape[1] : 0;
   constexpr int64_t kMaxI32 = std::numeric_limits<int32_t>::max();
-  parallel_for(M, 16, [&](int64_t b, int64_t e) {
+  return parallel_for(M, 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t seq = p.row_seq.present() ? p.row_seq.ptr<const int32_t>()[i * p.row_seq.stride[0]]
                                               : i / p.rows_per_seq;
@@ -194,7 +193,6 @@ StatusCode map_indices(const MapIndicesParams& p) {
       }
     }
   });
-  return StatusCode::kOk;
 }
 
 }  // namespace cpu

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/mha_layout.h"
 #include "dsa/attention.h"
 #include "dsa/cache.h"
 #include "dsa/indexer.h"
@@ -31,8 +32,21 @@ StatusCode topk(const TopkParams& p);
 StatusCode map_indices(const MapIndicesParams& p);
 size_t sparse_mla_workspace_size(const SparseMlaParams& p);
 StatusCode sparse_mla(const SparseMlaParams& p);
+// The kernel sparse_mla(p) runs on the current device: "sparse_mla.wgmma_bf16" (sm_90a, BF16
+// cache, H > 32), "sparse_mla.wgmma_bf16_few_heads" (the same, H <= 32) or
+// "sparse_mla.mma_sync"; DSA_FORCE_KERNEL=mma_sync forces the last.
+const char* sparse_mla_kernel_name(const SparseMlaParams& p);
 size_t dense_mla_workspace_size(const DenseMlaParams& p);
 StatusCode dense_mla(const DenseMlaParams& p);
+// mha_prefill.cu
+StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::MhaGroup& g);
+// Internal (tests, bench): run the portable attention kernel even on sm_90a. Also set by
+// the environment variable DSA_MHA_KERNEL=portable (read once).
+void set_mha_force_portable(bool on);
+// Internal (bench): which stages a dense_mha_prefill call runs, bit 0 the gather and the
+// decompression GEMM, bit 1 the attention (default 3). 2 re-times the attention over the
+// K/V an earlier full call left in the same workspace.
+void set_mha_stages(int mask);
 // The kernel a call takes (for benchmarks): "dense_mla.wgmma_splitkv", "dense_mla.wgmma_splitkv_fp8",
 // "sparse_mla.wgmma_fp8_splitkv" on sm_90a, else "*.mma_sync" (also with DSA_FORCE_KERNEL=mma_sync).
 const char* dense_mla_kernel_name(const DenseMlaParams& p);

@@ -1,13 +1,19 @@
 // Launchers of the indexer logits family: indexer_logits (flat keys), indexer_logits_paged.
-// H_idx <= 64: the tensor-core kernel; more heads (or DSA_CUDA_LOGITS=simt): the SIMT kernel.
-// Grid: x = row (rows of a column tile are neighbours, so a key tile is reused from L2),
-// y = column chunk.
+// Kernel choice, in order:
+//  * sm_90a device, H_idx <= 64, 16-byte aligned q and keys (paged: page size 64): the Hopper
+//    FP8 wgmma kernel (indexer_logits_wgmma.cuh);
+//  * H_idx <= 64: the mma.sync f16 tensor-core kernel (grid: x = row, y = column chunk);
+//  * otherwise: the SIMT kernel.
+// DSA_CUDA_LOGITS forces one: "mma" (mma.sync), "simt"; "wgmma_mma_only" runs the wgmma
+// kernel without its epilogue (flat only; a timing hook: logits are left unwritten).
 #include <cstdlib>
 #include <cstring>
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
+#include "cuda/hopper/hopper.cuh"
 #include "cuda/indexer_logits_kernels.cuh"
+#include "cuda/indexer_logits_wgmma.h"
 
 namespace dsa {
 namespace gpu {
@@ -23,8 +29,9 @@ logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc&
   a.w = static_cast<const float*>(w.data);
   a.w0 = w.stride[0];
   a.w1 = w.stride[1];
-  a.out = static_cast<float*>(out.data);
+  a.out = out.data;
   a.out0 = out.stride[0];
+  a.out_bf16 = out.dtype == DType::kBF16;
   a.rows = q.shape[0];
   a.heads = q.shape[1];
   a.width = out.shape[1];
@@ -32,10 +39,22 @@ logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc&
   return a;
 }
 
-// DSA_CUDA_LOGITS=simt selects the SIMT reference kernel (for diagnosis on a new device).
-bool simt_forced() {
+enum class Forced { kNone, kSimt, kMma, kWgmmaMmaOnly };
+
+// DSA_CUDA_LOGITS=simt|mma|wgmma_mma_only (diagnosis on a new device, tests, the bench hook).
+Forced forced_kernel() {
   const char* v = std::getenv("DSA_CUDA_LOGITS");
-  return v != nullptr && std::strcmp(v, "simt") == 0;
+  if (v == nullptr) return Forced::kNone;
+  if (std::strcmp(v, "simt") == 0) return Forced::kSimt;
+  if (std::strcmp(v, "mma") == 0) return Forced::kMma;
+  if (std::strcmp(v, "wgmma_mma_only") == 0) return Forced::kWgmmaMmaOnly;
+  return Forced::kNone;
+}
+bool simt_forced() { return forced_kernel() == Forced::kSimt; }
+
+bool wgmma_allowed(int64_t heads) {
+  const Forced f = forced_kernel();
+  return heads <= 64 && (f == Forced::kNone || f == Forced::kWgmmaMmaOnly) && hopper::current_device_is_sm90a();
 }
 
 template <class Keys>
@@ -70,6 +89,15 @@ StatusCode launch(const logits::QArgs& a, const Keys& keys, void* stream, bool p
 }  // namespace
 
 StatusCode indexer_logits(const IndexerLogitsParams& p) {
+  if (wgmma_allowed(p.q.shape[1])) {
+    bool served = false;
+    const StatusCode st = logits_wg::launch_flat(p, forced_kernel() == Forced::kWgmmaMmaOnly, &served);
+    if (served) {
+      note_kernel(forced_kernel() == Forced::kWgmmaMmaOnly ? "indexer_logits.wgmma_fp8_mma_only"
+                                                            : "indexer_logits.wgmma_fp8");
+      return st;
+    }
+  }
   logits::QArgs a = q_args(p.q, p.weights, p.logits, p.col_offset);
   logits::FlatKeys keys{};
   keys.k = static_cast<const uint8_t*>(p.k.data);
@@ -84,6 +112,17 @@ StatusCode indexer_logits(const IndexerLogitsParams& p) {
 }
 
 StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
+  // skip_rows_up_to is honoured by the mma.sync and SIMT kernels (the wgmma kernel's row blocks
+  // do not skip rows yet): a call that skips rows takes them.
+  if (wgmma_allowed(p.q.shape[1]) && forced_kernel() == Forced::kNone && p.skip_rows_up_to == 0) {
+    bool served = false;
+    const StatusCode st = logits_wg::launch_paged(p, &served);
+    if (served) {
+      note_kernel((p.row_seq.present() || p.next_n > 4) ? "indexer_logits_paged.wgmma_fp8_rows"
+                                                        : "indexer_logits_paged.wgmma_fp8_decode");
+      return st;
+    }
+  }
   logits::QArgs a = q_args(p.q, p.weights, p.logits, p.col_offset);
   logits::PagedKeys keys{};
   keys.cache = static_cast<const uint8_t*>(p.cache.data);

@@ -30,10 +30,23 @@ constexpr int kD = 128;
 struct QArgs {
   const uint8_t* q; int64_t q0, q1;
   const float* w; int64_t w0, w1;
-  float* out; int64_t out0;
+  void* out; int64_t out0; bool out_bf16;  // logits f32, or bf16 (round to nearest even)
   int64_t rows, width, heads;
   int64_t col_offset;
 };
+
+// One logit into an f32 or bf16 row (bf16: round to nearest even; -inf stays -inf).
+struct OutRow {
+  void* p; bool bf16;
+  __device__ __forceinline__ void set(int64_t c, float v) const {
+    if (bf16) static_cast<uint16_t*>(p)[c] = float_to_bf16(v);
+    else static_cast<float*>(p)[c] = v;
+  }
+};
+__device__ __forceinline__ OutRow out_row_of(void* out, int64_t out0, bool bf16, int64_t r) {
+  return OutRow{bf16 ? static_cast<void*>(static_cast<uint16_t*>(out) + r * out0)
+                     : static_cast<void*>(static_cast<float*>(out) + r * out0), bf16};
+}
 
 // The keys of one row: column c is key j = base + c, valid iff j in [lo, hi).
 struct RowKeys {
@@ -116,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) logits_tile_kernel(QArgs a, Keys key
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTileKeys;
   const RowKeys rk = keys.row(r, a.col_offset);
   if (rk.skip) return;  // block-uniform (one row per block): no barrier is skipped unevenly
-  float* out_row = a.out + r * a.out0;
+  const OutRow out_row = out_row_of(a.out, a.out0, a.out_bf16, r);
 
   bool mine = false;
   if (tid < kTileKeys) {
@@ -130,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) logits_tile_kernel(QArgs a, Keys key
     mine = p != nullptr;
   }
   if (!__syncthreads_or(mine)) {  // no valid key in the tile: -inf, no loads
-    if (tid < kTileKeys && c0 + tid < a.width) out_row[c0 + tid] = -CUDART_INF_F;
+    if (tid < kTileKeys && c0 + tid < a.width) out_row.set(c0 + tid, -CUDART_INF_F);
     return;
   }
 
@@ -211,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) logits_tile_kernel(QArgs a, Keys key
     float s = 0.f;
 #pragma unroll
     for (int g = 0; g < kHeadGroups; ++g) s += red[g][tid];
-    out_row[c0 + tid] = key_ptr[tid] != nullptr ? s * key_scale[tid] : -CUDART_INF_F;
+    out_row.set(c0 + tid, key_ptr[tid] != nullptr ? s * key_scale[tid] : -CUDART_INF_F);
   }
 }
 
@@ -267,7 +280,7 @@ __global__ void __launch_bounds__(kMmaThreads) logits_mma_kernel(QArgs a, Keys k
   const int64_t chunk0 = static_cast<int64_t>(blockIdx.y) * kMmaChunk;
   const RowKeys rk = keys.row(r, a.col_offset);
   if (rk.skip) return;  // block-uniform (one row per block): no barrier is skipped unevenly
-  float* out_row = a.out + r * a.out0;
+  const OutRow out_row = out_row_of(a.out, a.out0, a.out_bf16, r);
 
   // The row's queries, once per block (zero rows pad the heads).
   const uint8_t* q_row = a.q + r * a.q0;
@@ -293,7 +306,7 @@ __global__ void __launch_bounds__(kMmaThreads) logits_mma_kernel(QArgs a, Keys k
       mine = p != nullptr;
     }
     if (!__syncthreads_or(mine)) {  // nothing valid: -inf, no loads
-      if (tid < kMmaKeys && c0 + tid < a.width) out_row[c0 + tid] = -CUDART_INF_F;
+      if (tid < kMmaKeys && c0 + tid < a.width) out_row.set(c0 + tid, -CUDART_INF_F);
       continue;
     }
     {  // stage the keys: thread -> (key tid / 2, half tid % 2) = 64 bytes
@@ -365,7 +378,7 @@ __global__ void __launch_bounds__(kMmaThreads) logits_mma_kernel(QArgs a, Keys k
         part += __shfl_xor_sync(0xffffffffu, part, 16);
         const int key = warp * 16 + n * 8 + t2 + c;
         if (g == 0 && c0 + key < a.width)
-          out_row[c0 + key] = key_ptr[key] != nullptr ? part * key_scale[key] : -CUDART_INF_F;
+          out_row.set(c0 + key, key_ptr[key] != nullptr ? part * key_scale[key] : -CUDART_INF_F);
       }
     }
   }

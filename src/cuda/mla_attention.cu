@@ -7,10 +7,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
+#include "cuda/hopper/hopper.cuh"
 #include "cuda/mla_attention_kernels.cuh"
+#include "cuda/mla_attention_sm90_kernels.cuh"
 #include "cuda/mla_decode.h"
 
 namespace dsa {
@@ -154,6 +158,68 @@ StatusCode launch_tiles(const Problem& pr, const SplitPlan& plan, cudaStream_t s
   return last_launch_status();
 }
 
+// The Hopper sparse kernels: same tiles, split plan and combine as the mma.sync one. H <= 32
+// runs the transposed few-heads kernel with N = 8, 16 or 32 head columns.
+template <class Kernel>
+StatusCode launch_sparse_sm90(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& done_devices, const char* name,
+                              const char* name_split, const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return StatusCode::kDeviceError;
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (!bit || !(done_devices.load(std::memory_order_acquire) & bit)) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return StatusCode::kDeviceError;
+    }
+    done_devices.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const dim3 grid(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(plan.splits));
+  note_kernel(plan.splits > 1 ? name_split : name);
+  kernel<<<grid, mla::sm90::kThreads, smem_bytes, stream>>>(pr);
+  if (plan.splits > 1) {
+    mla::mla_combine_kernel<<<static_cast<unsigned>(plan.tiles * mla::kTileHeads), 128, 0, stream>>>(
+        pr, static_cast<int>(plan.tiles));
+  }
+  return last_launch_status();
+}
+
+template <int kKv>
+StatusCode launch_sparse_wgmma(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
+  static std::atomic<uint64_t> done64{0}, done8{0}, done16{0}, done32{0};
+  namespace s9 = mla::sm90;
+  const char* few = "sparse_mla.wgmma_bf16_few_heads";
+  const char* few_split = "sparse_mla.wgmma_bf16_few_heads+combine";
+  if (pr.H <= 8)
+    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 8>, s9::FewHeadsLayout<8>::kSmemBytes, done8,
+                              few, few_split, pr, plan, stream);
+  if (pr.H <= 16)
+    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 16>, s9::FewHeadsLayout<16>::kSmemBytes,
+                              done16, few, few_split, pr, plan, stream);
+  if (pr.H <= 32)
+    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 32>, s9::FewHeadsLayout<32>::kSmemBytes,
+                              done32, few, few_split, pr, plan, stream);
+  return launch_sparse_sm90(s9::sparse_mla_wgmma_kernel<kKv>, s9::kSmemBytes, done64, "sparse_mla.wgmma_bf16",
+                            "sparse_mla.wgmma_bf16+combine", pr, plan, stream);
+}
+
+// DSA_FORCE_KERNEL=mma_sync keeps the mma.sync kernel on sm_90a too (tests compare the two;
+// read on every call so a test can switch it).
+bool forced_mma_sync() {
+  const char* v = std::getenv("DSA_FORCE_KERNEL");
+  return v != nullptr && std::strcmp(v, "mma_sync") == 0;
+}
+
+// Which sparse kernel a call runs: wgmma on sm_90a for BF16 caches (flat or paged) with
+// 16-byte-aligned queries and keys; mma.sync otherwise (other GPUs, FP8 caches, odd strides).
+bool sparse_uses_wgmma(const SparseMlaParams& p) {
+  if (forced_mma_sync()) return false;
+  if (kv_kind(p.kv) == mla::kPagedFp8) return false;
+  const bool q_ok = aligned16(p.q.data) && p.q.stride[0] % 8 == 0 && p.q.stride[1] % 8 == 0;
+  const bool kv_ok = p.kv.flat.present() ? (aligned16(p.kv.flat.data) && p.kv.flat.stride[0] % 8 == 0) : true;
+  if (!q_ok || !kv_ok) return false;
+  return hopper::current_device_is_sm90a();
+}
+
 void attach_workspace(Problem& pr, const SplitPlan& plan, void* workspace) {
   pr.splits = plan.splits;
   pr.split_keys = plan.split_keys;
@@ -208,11 +274,21 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
   }
   attach_workspace(pr, plan, p.workspace);
   const cudaStream_t stream = as_stream(p.stream);
+  if (sparse_uses_wgmma(p)) {
+    return kv_kind(p.kv) == mla::kFlatBf16 ? launch_sparse_wgmma<mla::kFlatBf16>(pr, plan, stream)
+                                           : launch_sparse_wgmma<mla::kPagedBf16>(pr, plan, stream);
+  }
   switch (kv_kind(p.kv)) {
     case mla::kFlatBf16: return launch_tiles<false, mla::kFlatBf16>(pr, plan, stream);
     case mla::kPagedBf16: return launch_tiles<false, mla::kPagedBf16>(pr, plan, stream);
     default: return launch_tiles<false, mla::kPagedFp8>(pr, plan, stream);
   }
+}
+
+const char* sparse_mla_kernel_name(const SparseMlaParams& p) {
+  if (decode::sparse_chosen(p)) return "sparse_mla.wgmma_fp8_splitkv";
+  if (!sparse_uses_wgmma(p)) return "sparse_mla.mma_sync";
+  return p.q.shape[1] <= 32 ? "sparse_mla.wgmma_bf16_few_heads" : "sparse_mla.wgmma_bf16";
 }
 
 size_t dense_mla_workspace_size(const DenseMlaParams& p) {

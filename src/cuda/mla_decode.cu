@@ -235,9 +235,6 @@ const char* dense_mla_kernel_name(const DenseMlaParams& p) {
   return p.kv.paged.dtype == MlaCacheDtype::kFP8 ? "dense_mla.wgmma_splitkv_fp8" : "dense_mla.wgmma_splitkv";
 }
 
-const char* sparse_mla_kernel_name(const SparseMlaParams& p) {
-  return decode::sparse_chosen(p) ? "sparse_mla.wgmma_fp8_splitkv" : "sparse_mla.mma_sync";
-}
 
 }  // namespace gpu
 }  // namespace dsa

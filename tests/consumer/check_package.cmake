@@ -20,9 +20,14 @@ function(step what)
   set(step_output "${out}" PARENT_SCOPE)
 endfunction()
 
-# Install only what a release install holds (the build tree is already built by the time
-# tests run). --config covers multi-config generators.
-step("install to ${prefix}" ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${prefix} --config Release)
+# The build tree's configuration (Debug, Release, ...; -DBUILD_CONFIG=$<CONFIG> from ctest):
+# the install holds that configuration's export files, and the consumer builds the same one
+# (an installed Debug package has no Release location to import).
+if(NOT BUILD_CONFIG)
+  set(BUILD_CONFIG Release)
+endif()
+# The build tree is already built by the time tests run. --config covers multi-config generators.
+step("install to ${prefix}" ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${prefix} --config ${BUILD_CONFIG})
 foreach(f include/dsa/dsa.h)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "consumer_package: ${f} is not installed")
@@ -35,9 +40,9 @@ endif()
 
 # The consumer sees nothing of the source or build tree: only the prefix.
 step("configure the consumer" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${build}
-     -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
-step("build the consumer" ${CMAKE_COMMAND} --build ${build} --config Release)
-find_program(consumer dsa_consumer PATHS ${build} ${build}/Release NO_DEFAULT_PATH REQUIRED)
+     -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=${BUILD_CONFIG})
+step("build the consumer" ${CMAKE_COMMAND} --build ${build} --config ${BUILD_CONFIG})
+find_program(consumer dsa_consumer PATHS ${build} ${build}/${BUILD_CONFIG} NO_DEFAULT_PATH REQUIRED)
 step("run the consumer" ${consumer})
 message(STATUS "${step_output}")
 

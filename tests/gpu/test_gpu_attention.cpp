@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_ops.h"
 #include "dsa/dsa.h"
 #include "gpu_util.h"
 #include "test_util.h"
@@ -745,6 +746,167 @@ TEST(GpuSparseMla, SplitKWorkspaceAndBitIdenticalRepeats) {
   EXPECT_TRUE(dsa_test::fails_naming(dsa::sparse_mla(p), {"sparse_mla", "workspace"}));
 }
 
+// ---- the Hopper (wgmma) kernel and the mma.sync one --------------------------------------------
+// On an sm_90a device BF16 caches run the wgmma kernel; DSA_FORCE_KERNEL=mma_sync keeps the
+// mma.sync one, so both run on the same inputs.
+struct ForceMmaSync {
+  ForceMmaSync() { setenv("DSA_FORCE_KERNEL", "mma_sync", 1); }
+  ~ForceMmaSync() { unsetenv("DSA_FORCE_KERNEL"); }
+};
+
+bool device_is_sm90() {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+  return prop.major == 9 && prop.minor == 0;
+}
+
+// What the launcher should choose for these keys and heads (16-byte-aligned q).
+const char* expected_kernel(const HostKv& kv, int64_t H) {
+  if (!device_is_sm90() || kv.mode == KvMode::kPagedFp8) return "sparse_mla.mma_sync";
+  return H <= 32 ? "sparse_mla.wgmma_bf16_few_heads" : "sparse_mla.wgmma_bf16";
+}
+
+const char* kernel_for(const HostKv& kv, const SparseInputs& in) {
+  dsa::SparseMlaParams p;
+  alignas(256) static uint8_t dummy[64];
+  p.q = dsa::make_tensor(dummy, DType::kBF16, {in.q.T, in.q.H, D}, dsa::cuda_device(0));
+  p.q.stride[0] = in.q.s0;
+  p.q.stride[1] = in.q.s1;
+  p.kv = kv.desc(dummy, dsa::cuda_device(0));
+  p.indices = dsa::make_tensor(dummy, DType::kI32, {in.q.T, in.K}, dsa::cuda_device(0));
+  return dsa::gpu::sparse_mla_kernel_name(p);
+}
+
+// Runs the default kernel and the forced mma.sync one; both must match the reference, each
+// other, and repeat bit-identically.
+void check_both_kernels(const HostKv& kv, const SparseInputs& in, const Ref& ref, const std::string& what,
+                        OutSpec os = {}) {
+  EXPECT_STREQ(kernel_for(kv, in), expected_kernel(kv, in.q.H)) << what;
+  const Result a = run_sparse(kv, in, true, os);
+  std::string launched = dsa::last_kernel_name();  // "<name>" or "<name>+combine"
+  launched = launched.substr(0, launched.find('+'));
+  EXPECT_EQ(launched, expected_kernel(kv, in.q.H)) << what;
+  expect_matches(a, ref, 2.0, (what + ": default kernel").c_str());
+  const Result a2 = run_sparse(kv, in, true, os);
+  EXPECT_TRUE(a.raw == a2.raw) << what << ": repeated runs differ";
+  EXPECT_EQ(0, std::memcmp(a.lse.data(), a2.lse.data(), a.lse.size() * 4)) << what << ": repeated lse differ";
+  Result b;
+  {
+    ForceMmaSync force;
+    EXPECT_STREQ(kernel_for(kv, in), "sparse_mla.mma_sync") << what;
+    b = run_sparse(kv, in, true, os);
+  }
+  expect_matches(b, ref, 2.0, (what + ": mma.sync kernel").c_str());
+  expect_backends_agree(a, b, ref, 3.0, (what + ": default vs mma.sync").c_str());
+}
+
+TEST(GpuSparseMlaWgmma, KernelChoice) {
+  DSA_REQUIRE_GPU();
+  const HostKv flat = make_kv(KvMode::kFlat, 8, 0, 1);
+  const HostKv fp8 = make_kv(KvMode::kPagedFp8, 1, 64, 1);
+  SparseInputs in;
+  in.q = make_q(1, 64, 1);
+  in.K = 4;
+  EXPECT_STREQ(kernel_for(flat, in), expected_kernel(flat, 64));
+  EXPECT_STREQ(kernel_for(fp8, in), "sparse_mla.mma_sync");
+  for (int64_t H : {1, 8, 12, 16, 32, 33, 128}) {
+    SparseInputs few;
+    few.q = make_q(1, H, 1);
+    few.K = 4;
+    EXPECT_STREQ(kernel_for(flat, few), expected_kernel(flat, H)) << "H=" << H;
+  }
+  {
+    ForceMmaSync force;
+    EXPECT_STREQ(kernel_for(flat, in), "sparse_mla.mma_sync");
+  }
+  in.q.s1 = D + 3;  // queries without 16-byte rows stay on mma.sync
+  in.q.s0 = 64 * in.q.s1;
+  EXPECT_STREQ(kernel_for(flat, in), "sparse_mla.mma_sync");
+}
+
+// Every head count a tensor-parallel rank holds, flat and paged, with the tile edges of
+// topk_length, rows with fewer valid indices than k, all-invalid rows, duplicates, the
+// cache's last slot and NaN-poisoned unused slots.
+TEST(GpuSparseMlaWgmma, HeadCountsAndTileEdges) {
+  DSA_REQUIRE_GPU();
+  auto used = [](int64_t s) { return s % 7 != 3; };
+  const int64_t K = 2048;
+  const int32_t lengths[] = {0, 1, 63, 64, 65, 2047, 2048, 2048};
+  const int64_t T = 8;
+  for (KvMode mode : {KvMode::kFlat, KvMode::kPagedBf16}) {
+    const HostKv kv = mode == KvMode::kFlat ? make_kv(mode, 3001, 0, 40, used) : make_kv(mode, 47, 64, 41, used);
+    const int64_t last = kv.num_keys - 1;  // used: (3000 % 7, 3007 % 7) != 3
+    ASSERT_TRUE(used(last));
+    for (int64_t H : {8, 16, 32, 64, 128, 3, 12, 40}) {  // and rounded-up N / partial groups
+      SparseInputs in;
+      in.q = make_q(T, H, 42 + H);
+      in.K = K;
+      in.indices = random_indices(T, K, kv.num_keys, 43 + H, 0.05, used);
+      in.topk_length.assign(lengths, lengths + T);
+      int32_t* row6 = in.indices.data() + 6 * K;  // fewer valid than k: 100 valid, then -1
+      for (int64_t j = 100; j < K; ++j) row6[j] = -1;
+      int32_t* row7 = in.indices.data() + 7 * K;  // duplicates, the last slot, a valid tail
+      for (int64_t j = 0; j < 64; ++j) row7[j] = static_cast<int32_t>(j % 2 ? last : 5);
+      row7[K - 1] = static_cast<int32_t>(last);
+      in.indices[2 * K + 62] = static_cast<int32_t>(last);  // length 63: the last position
+      in.sink = random_sink(H, 44 + H);
+      const Ref ref = reference(kv, in.q, sparse_keys(kv, in), in.sink, all_of(T), all_of(H));
+      check_both_kernels(kv, in, ref, std::string(mode == KvMode::kFlat ? "flat" : "paged") + " H=" + std::to_string(H));
+    }
+  }
+}
+
+TEST(GpuSparseMlaWgmma, AllInvalidAndSinkInfinities) {
+  DSA_REQUIRE_GPU();
+  auto used = [](int64_t s) { return s < 150; };  // slots 150.. are NaN
+  const HostKv kv = make_kv(KvMode::kPagedBf16, 4, 64, 50, used);
+  for (int64_t H : {64, 16, 8}) {  // both Hopper kernels, without split-K (K = 192)
+    SparseInputs in;
+    const int64_t T = 4;
+    in.q = make_q(T, H, 51);
+    in.K = 192;
+    in.indices = random_indices(T, in.K, kv.num_keys, 52, 0.3, used);
+    for (int64_t j = 0; j < in.K; ++j) {
+      in.indices[j] = j % 2 ? -1 : static_cast<int32_t>(kv.num_keys + j);  // row 0: nothing valid
+      in.indices[1 * in.K + j] = static_cast<int32_t>(150 + j % 100);       // row 1: only NaN slots...
+    }
+    in.topk_length = {static_cast<int32_t>(in.K), 0, static_cast<int32_t>(in.K), 65};  // ...masked by length 0
+    in.sink.assign(static_cast<size_t>(H), 0.f);
+    for (int64_t h = 0; h < H; ++h)
+      in.sink[h] = h % 3 == 0 ? std::numeric_limits<float>::infinity()
+                              : (h % 3 == 1 ? -std::numeric_limits<float>::infinity() : 0.5f);
+    const Ref ref = reference(kv, in.q, sparse_keys(kv, in), in.sink, all_of(T), all_of(H));
+    const std::string what = "all invalid, sink +-inf, H=" + std::to_string(H);
+    check_both_kernels(kv, in, ref, what);
+    check_both_kernels(kv, in, ref, what + ", f32 out", {DType::kF32, 0});
+  }
+}
+
+// Decode batches: next_n = 2 rows per sequence, keys of the sequence's context; few tiles
+// per SM at H=16, so the key list splits (the combine path); the reference checks a sample.
+TEST(GpuSparseMlaWgmma, DecodeBatches) {
+  DSA_REQUIRE_GPU();
+  const HostKv kv = make_kv(KvMode::kPagedBf16, 8 * 34, 64, 60);
+  for (int64_t H : {16, 64, 128}) {
+    const int64_t B = 8, next_n = 2, T = B * next_n, K = 2048;
+    SparseInputs in;
+    in.q = make_q(T, H, 61 + H);
+    in.K = K;
+    in.indices.assign(static_cast<size_t>(T * K), -1);
+    FastRng rng(62 + H);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t ctx = 1000 + 160 * b;  // context of sequence b: slots b*34*64 .. (> K for b = 7)
+      for (int64_t i = 0; i < next_n; ++i) {
+        const int64_t L = ctx - next_n + i + 1;
+        for (int64_t j = 0; j < std::min<int64_t>(L, K); ++j)
+          in.indices[(b * next_n + i) * K + j] = static_cast<int32_t>(b * 34 * 64 + rng.below(L));
+      }
+    }
+    const Ref ref = reference(kv, in.q, sparse_keys(kv, in), {}, {0, 5, 15}, all_of(H));
+    check_both_kernels(kv, in, ref, "decode H=" + std::to_string(H));
+  }
+}
+
 TEST(GpuSparseMla, Prefill4096TokensTopk2048) {
   DSA_REQUIRE_GPU();
   const int64_t T = 4096, H = 64, K = 2048, S = 8192;
@@ -913,10 +1075,6 @@ TEST(GpuDenseMla, Prefill16KRows) {
 // ---- Hopper decode kernels (src/cuda/mla_decode*): on sm_90a decode-shaped dense calls over
 // paged caches and sparse calls over the FP8 cache take them; DSA_FORCE_KERNEL=mma_sync keeps
 // the mma.sync kernels, which the tests below use as a second opinion on every row.
-struct ForceMmaSync {
-  ForceMmaSync() { setenv("DSA_FORCE_KERNEL", "mma_sync", 1); }
-  ~ForceMmaSync() { unsetenv("DSA_FORCE_KERNEL"); }
-};
 
 // Every row of two GPU results: lse within a small relative error (+inf exactly), outputs
 // within 4 bf16 steps of the row's largest magnitude (P enters both as bf16, the score order

@@ -6,8 +6,10 @@
 #include <climits>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "gpu_util.h"
+#include "oracle/oracle_logits.h"
 
 using namespace dsa;
 using namespace dsa_gpu_test;
@@ -518,4 +520,343 @@ TEST(GpuLogits, PagedSkipsShortRowsUntouched) {
     DSA_ASSERT_OK(indexer_logits_paged(p));
     EXPECT_TRUE(same_bits(gen.download<uint32_t>(), s, "general form vs decode form, skipped"));
   }
+}
+
+// ---- the Hopper wgmma kernel (and its agreement with the mma.sync kernel) -----------------
+// On an sm_90a device the default path of H_idx <= 64 is the wgmma kernel (flat keys; paged
+// with page 64); DSA_CUDA_LOGITS=mma forces the mma.sync kernel. Elsewhere these tests run the
+// mma.sync kernel twice and still check it against the references.
+
+namespace {
+
+struct ScopedLogitsKernel {
+  explicit ScopedLogitsKernel(const char* v) { setenv("DSA_CUDA_LOGITS", v, 1); }
+  ~ScopedLogitsKernel() { unsetenv("DSA_CUDA_LOGITS"); }
+};
+
+// Flat logits with explicit (valid) row ranges against the float64 oracle of the dequantised
+// FP8 inputs (SPEC §3's tight reference); -inf positions exact; reruns bit-identical. Returns
+// the GPU output.
+std::vector<float> flat_vs_oracle(int64_t H, int64_t N, const std::vector<int32_t>& ks, const std::vector<int32_t>& ke,
+                                  int64_t W, int64_t col_offset, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t M = static_cast<int64_t>(ks.size());
+  Queries Q = make_queries(rng, M, H);
+  std::vector<uint8_t> k(static_cast<size_t>(N * 128));
+  for (auto& b : k) b = random_e4m3(rng);
+  std::vector<float> kscale(static_cast<size_t>(N));
+  for (auto& s : kscale) s = std::ldexp(1.f, static_cast<int>(rng.integer(-8, 2)));
+  const std::vector<double> ref64 = oracle::indexer_logits(Q.q, Q.w, k, kscale, ks, ke, H, col_offset, W);
+  std::vector<float> ref(ref64.begin(), ref64.end());
+  DeviceBuffer dq(Q.q), dw(Q.w), dk(k), dsc(kscale), dks(ks), dke(ke), dout(M * W * 4, 0xFF);
+  IndexerLogitsParams gp;
+  gp.q = dev_tensor(dq, DType::kE4M3, {M, H, 128});
+  gp.weights = dev_tensor(dw, DType::kF32, {M, H});
+  gp.k = dev_tensor(dk, DType::kE4M3, {N, 128});
+  gp.k_scale = dev_tensor(dsc, DType::kF32, {N});
+  gp.ks = dev_tensor(dks, DType::kI32, {M});
+  gp.ke = dev_tensor(dke, DType::kI32, {M});
+  gp.col_offset = col_offset;
+  gp.logits = dev_tensor(dout, DType::kF32, {M, W});
+  EXPECT_TRUE(indexer_logits(gp).ok());
+  EXPECT_TRUE(device_clean());
+  const std::vector<float> got = dout.download<float>();
+  for (int64_t r = 0; r < M; ++r) {
+    auto key_of = [&](int64_t c, float* sc) {
+      const int64_t j = ks[r] + col_offset + c;
+      *sc = kscale[j];
+      return &k[j * 128];
+    };
+    EXPECT_TRUE(row_close(Q, r, &got[r * W], &ref[r * W], W, key_of)) << "ks " << ks[r] << " ke " << ke[r];
+    if (::testing::Test::HasFailure()) return got;
+  }
+  EXPECT_TRUE(indexer_logits(gp).ok());
+  EXPECT_TRUE(same_bits(dout.download<float>(), got, "repeat run"));
+  return got;
+}
+
+// Rows at the wgmma kernel's tile edges: lengths 0, 1, 63, 64, 65, ranges that skip whole key
+// tiles or start past them, row counts that are not multiples of a row block (4, 8 or 16).
+void edge_ranges(int64_t N, int64_t M, Rng& rng, std::vector<int32_t>* ks, std::vector<int32_t>* ke) {
+  const int64_t fixed[][2] = {{0, 0}, {0, 1}, {5, 5}, {0, 63}, {0, 64}, {0, 65}, {64, 128}, {63, 129},
+                              {640, 700}, {N - 1, N}, {N, N}, {0, N}, {700, N}, {128, 129}, {1, 2}};
+  ks->clear();
+  ke->clear();
+  for (const auto& f : fixed) {
+    if (static_cast<int64_t>(ks->size()) == M) break;
+    ks->push_back(static_cast<int32_t>(std::min(f[0], N)));
+    ke->push_back(static_cast<int32_t>(std::min(f[1], N)));
+  }
+  while (static_cast<int64_t>(ks->size()) < M) {
+    const int64_t a = rng.integer(0, N), b = rng.integer(0, N);
+    ks->push_back(static_cast<int32_t>(std::min(a, b)));
+    ke->push_back(static_cast<int32_t>(std::max(a, b)));
+  }
+}
+
+}  // namespace
+
+TEST(GpuLogits, WgmmaFlatTileEdgesMatchOracle) {
+  DSA_REQUIRE_GPU();
+  Rng rng(700);
+  uint64_t seed = 701;
+  for (int64_t H : {8, 16, 32, 64, 24}) {
+    for (int64_t M : {1, 5, 37}) {
+      std::vector<int32_t> ks, ke;
+      const int64_t N = 1000;
+      edge_ranges(N, M, rng, &ks, &ke);
+      SCOPED_TRACE(testing::Message() << "H " << H << " M " << M);
+      flat_vs_oracle(H, N, ks, ke, 1000, 0, seed++);
+      flat_vs_oracle(H, N, ks, ke, 300, 70, seed++);  // column tile: keys past W not computed
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+  // Causal prefill blocks: consecutive rows of one sequence, 37 rows of 130 keys each side of
+  // the tile grid, and keys that end inside a tile (N = 4097).
+  std::vector<int32_t> ks, ke;
+  for (int64_t i = 0; i < 37; ++i) {
+    ks.push_back(3);
+    ke.push_back(static_cast<int32_t>(4097 - 37 + i + 1));
+  }
+  flat_vs_oracle(64, 4097, ks, ke, 4200, 0, seed++);
+  flat_vs_oracle(32, 4097, ks, ke, 4094, 0, seed++);
+}
+
+// The FP32 math on the unquantised inputs (SPEC §3's loose reference): score error against
+// the row's largest score, on the default kernel.
+TEST(GpuLogits, WgmmaFlatCloseToUnquantisedMath) {
+  DSA_REQUIRE_GPU();
+  Rng rng(720);
+  const int64_t H = 64, N = 2000, M = 9;
+  std::vector<float> qf(static_cast<size_t>(M * H * 128)), kf(static_cast<size_t>(N * 128)), gate(static_cast<size_t>(M * H));
+  for (auto& x : qf) x = rng.normal();
+  for (auto& x : kf) x = rng.normal();
+  for (auto& g : gate) g = std::fabs(rng.normal());
+  const float c = 1.f / std::sqrt(128.f * H);
+  std::vector<uint8_t> q8(qf.size()), k8(kf.size());
+  std::vector<float> w(gate.size()), gate_c(gate.size()), kscale(static_cast<size_t>(N));
+  auto quant = [](const float* x, uint8_t* out) {
+    float amax = 0;
+    for (int d = 0; d < 128; ++d) amax = std::max(amax, std::fabs(bf16_to_float(float_to_bf16(x[d]))));
+    const float s = ue8m0_scale(amax);
+    for (int d = 0; d < 128; ++d) out[d] = quantize_e4m3(bf16_to_float(float_to_bf16(x[d])), 1.f / s);
+    return s;
+  };
+  for (int64_t i = 0; i < M * H; ++i) {
+    const float sq = quant(&qf[i * 128], &q8[i * 128]);
+    w[i] = gate[i] * c * sq;
+    gate_c[i] = gate[i] * c;
+  }
+  for (int64_t j = 0; j < N; ++j) kscale[j] = quant(&kf[j * 128], &k8[j * 128]);
+  std::vector<int32_t> ks(static_cast<size_t>(M), 0), ke(static_cast<size_t>(M));
+  for (int64_t i = 0; i < M; ++i) ke[i] = static_cast<int32_t>(N - M + i + 1);
+  const std::vector<double> exact = oracle::indexer_logits_exact(qf, gate_c, kf, ks, ke, H, N);
+  DeviceBuffer dq(q8), dw(w), dk(k8), dsc(kscale), dks(ks), dke(ke), dout(M * N * 4, 0xFF);
+  IndexerLogitsParams gp;
+  gp.q = dev_tensor(dq, DType::kE4M3, {M, H, 128});
+  gp.weights = dev_tensor(dw, DType::kF32, {M, H});
+  gp.k = dev_tensor(dk, DType::kE4M3, {N, 128});
+  gp.k_scale = dev_tensor(dsc, DType::kF32, {N});
+  gp.ks = dev_tensor(dks, DType::kI32, {M});
+  gp.ke = dev_tensor(dke, DType::kI32, {M});
+  gp.logits = dev_tensor(dout, DType::kF32, {M, N});
+  DSA_ASSERT_OK(indexer_logits(gp));
+  ASSERT_TRUE(device_clean());
+  const std::vector<float> got = dout.download<float>();
+  for (int64_t i = 0; i < M; ++i) {
+    double max_abs = 0, max_err = 0;
+    for (int64_t j = 0; j < ke[i]; ++j) {
+      max_abs = std::max(max_abs, std::fabs(exact[i * N + j]));
+      max_err = std::max(max_err, std::fabs(got[i * N + j] - exact[i * N + j]));
+    }
+    EXPECT_LT(max_err, 0.06 * max_abs) << "row " << i;
+    for (int64_t j = ke[i]; j < N; ++j) ASSERT_TRUE(std::isinf(got[i * N + j]) && got[i * N + j] < 0) << i << " " << j;
+  }
+}
+
+// Decode rows, next_n 1-4 (one row block per sequence) and 5 (row blocks crossing sequences),
+// with contexts long enough to be split over several CTAs; the unused (NaN-poisoned) slots of
+// the last pages never reach a logit.
+TEST(GpuLogits, WgmmaPagedDecodeSplitContexts) {
+  DSA_REQUIRE_GPU();
+  uint64_t seed = 740;
+  for (int64_t H : {64, 32, 16}) {
+    for (int64_t nn : {1, 2, 3, 4, 5}) {
+      SCOPED_TRACE(testing::Message() << "H " << H << " next_n " << nn);
+      run_decode(H, {9000, 4097, 64, 5, 130}, nn, 64, 9000, 0, seed++);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  run_decode(64, {9000, 4097, 64, 5, 130}, 2, 64, 3000, 1000, seed++);  // column tile past col_offset
+  // No NaN anywhere inside a decode row's length (poisoned slots lie past every length).
+  Rng rng(760);
+  PagedCache pc = make_paged(rng, {1000, 65}, 64, 2);
+  Queries Q = make_queries(rng, pc.B * 2, 32);
+  PagedRun run;
+  run_paged_pair(pc, Q, 2, nullptr, nullptr, pc.table, nullptr, nullptr, pc.lens, 1100, 0, &run);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  for (int64_t r = 0; r < pc.B * 2; ++r) {
+    const int64_t L = pc.lens[r / 2] - 2 + r % 2 + 1;
+    for (int64_t c = 0; c < 1100; ++c) {
+      const float g = run.got[r * 1100 + c];
+      if (c < L) {
+        ASSERT_TRUE(std::isfinite(g)) << r << " " << c;
+      } else {
+        ASSERT_TRUE(std::isinf(g) && g < 0) << r << " " << c;
+      }
+    }
+  }
+}
+
+// General form as the layer step uses it for prefill chunks: many causal rows per sequence,
+// row blocks that straddle two sequences, rows of length 0 and 1.
+TEST(GpuLogits, WgmmaPagedPrefillRows) {
+  DSA_REQUIRE_GPU();
+  uint64_t seed = 780;
+  for (int64_t H : {64, 32, 16, 8}) {
+    SCOPED_TRACE(testing::Message() << "H " << H);
+    Rng rng(seed++);
+    PagedCache pc = make_paged(rng, {700, 333, 64, 1}, 64, 3);
+    std::vector<int32_t> row_seq, row_len;
+    const int64_t q_lens[] = {101, 50, 13, 1};
+    for (int64_t b = 0; b < 4; ++b)
+      for (int64_t i = 0; i < q_lens[b]; ++i) {
+        row_seq.push_back(static_cast<int32_t>(b));
+        row_len.push_back(static_cast<int32_t>(pc.lens[b] - q_lens[b] + i + 1));
+      }
+    row_seq.push_back(1);
+    row_len.push_back(0);
+    const int64_t R = static_cast<int64_t>(row_seq.size()), W = 768;
+    Queries Q = make_queries(rng, R, H);
+    PagedRun run;
+    run_paged_pair(pc, Q, 1, &row_seq, &row_len, pc.table, &row_seq, &row_len, pc.lens, W, 0, &run);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    for (int64_t r = 0; r < R; ++r) {
+      auto key_of = [&](int64_t c, float* s) { return pc.key(row_seq[r], c, s); };
+      ASSERT_TRUE(row_close(Q, r, &run.got[r * W], &run.ref[r * W], W, key_of)) << "row " << r;
+    }
+  }
+}
+
+// Both kernels (wgmma and mma.sync) on the same inputs: the same -inf positions and scores
+// within the shared tolerance.
+TEST(GpuLogits, WgmmaAndMmaSyncKernelsAgree) {
+  DSA_REQUIRE_GPU();
+  Rng rng(800);
+  {
+    std::vector<int32_t> ks, ke;
+    edge_ranges(3000, 41, rng, &ks, &ke);
+    const std::vector<float> a = flat_vs_oracle(64, 3000, ks, ke, 3000, 0, 801);
+    std::vector<float> b;
+    {
+      ScopedLogitsKernel force("mma");
+      b = flat_vs_oracle(64, 3000, ks, ke, 3000, 0, 801);
+    }
+    // Each is within the tolerance of the oracle (so within twice of each other); the -inf
+    // positions are identical.
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(std::isinf(a[i]), std::isinf(b[i])) << i;
+  }
+  {
+    PagedCache pc = make_paged(rng, {5000, 130, 64}, 64, 2);
+    Queries Q = make_queries(rng, pc.B * 3, 32);
+    PagedRun w, m;
+    run_paged_pair(pc, Q, 3, nullptr, nullptr, pc.table, nullptr, nullptr, pc.lens, 5000, 0, &w);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    {
+      ScopedLogitsKernel force("mma");
+      run_paged_pair(pc, Q, 3, nullptr, nullptr, pc.table, nullptr, nullptr, pc.lens, 5000, 0, &m);
+    }
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    for (int64_t r = 0; r < Q.R; ++r) {
+      auto key_of = [&](int64_t c, float* s) { return pc.key(r / 3, c, s); };
+      ASSERT_TRUE(row_close(Q, r, &w.got[r * 5000], &m.got[r * 5000], 5000, key_of)) << "row " << r;
+    }
+  }
+}
+
+// The MMA-only measurement variant runs (its output is unspecified) and leaves the device
+// clean; the default kernel afterwards still matches the oracle.
+TEST(GpuLogits, WgmmaMmaOnlyHookRuns) {
+  DSA_REQUIRE_GPU();
+  Rng rng(820);
+  std::vector<int32_t> ks(64, 0), ke(64, 2048);
+  {
+    ScopedLogitsKernel force("wgmma_mma_only");
+    const int64_t M = 64, H = 64, N = 2048;
+    std::vector<uint8_t> q(static_cast<size_t>(M * H * 128), 0x38), k(static_cast<size_t>(N * 128), 0x38);
+    std::vector<float> w(static_cast<size_t>(M * H), 1.f), sc(static_cast<size_t>(N), 1.f);
+    DeviceBuffer dq(q), dw(w), dk(k), dsc(sc), dks(ks), dke(ke), dout(M * N * 4, 0);
+    IndexerLogitsParams gp;
+    gp.q = dev_tensor(dq, DType::kE4M3, {M, H, 128});
+    gp.weights = dev_tensor(dw, DType::kF32, {M, H});
+    gp.k = dev_tensor(dk, DType::kE4M3, {N, 128});
+    gp.k_scale = dev_tensor(dsc, DType::kF32, {N});
+    gp.ks = dev_tensor(dks, DType::kI32, {M});
+    gp.ke = dev_tensor(dke, DType::kI32, {M});
+    gp.logits = dev_tensor(dout, DType::kF32, {M, N});
+    DSA_ASSERT_OK(indexer_logits(gp));
+    ASSERT_TRUE(device_clean());
+  }
+  edge_ranges(2048, 8, rng, &ks, &ke);
+  flat_vs_oracle(64, 2048, ks, ke, 2048, 0, 821);
+}
+
+// BF16 logits on the device: bit-equal to the f32 logits of the same kernel rounded to nearest
+// even, on both kernels (wgmma, mma.sync) and both key sources.
+TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
+  DSA_REQUIRE_GPU();
+  Rng rng(900);
+  const int64_t N = 700, H = 32, W = 720;
+  std::vector<int32_t> ks, ke;
+  edge_ranges(N, 21, rng, &ks, &ke);
+  const int64_t M = static_cast<int64_t>(ks.size());
+  Queries Q = make_queries(rng, M, H);
+  std::vector<uint8_t> k(static_cast<size_t>(N * 128));
+  for (auto& b : k) b = random_e4m3(rng);
+  std::vector<float> kscale(static_cast<size_t>(N), 0.25f);
+  DeviceBuffer dq(Q.q), dw(Q.w), dk(k), dsc(kscale), dks(ks), dke(ke), d32(M * W * 4, 0xFF), d16(M * W * 2, 0xFF);
+  IndexerLogitsParams gp;
+  gp.q = dev_tensor(dq, DType::kE4M3, {M, H, 128});
+  gp.weights = dev_tensor(dw, DType::kF32, {M, H});
+  gp.k = dev_tensor(dk, DType::kE4M3, {N, 128});
+  gp.k_scale = dev_tensor(dsc, DType::kF32, {N});
+  gp.ks = dev_tensor(dks, DType::kI32, {M});
+  gp.ke = dev_tensor(dke, DType::kI32, {M});
+  for (const char* kernel : {"", "mma"}) {
+    SCOPED_TRACE(kernel);
+    std::unique_ptr<ScopedLogitsKernel> force;
+    if (*kernel) force.reset(new ScopedLogitsKernel(kernel));
+    gp.logits = dev_tensor(d32, DType::kF32, {M, W});
+    DSA_ASSERT_OK(indexer_logits(gp));
+    gp.logits = dev_tensor(d16, DType::kBF16, {M, W});
+    DSA_ASSERT_OK(indexer_logits(gp));
+    ASSERT_TRUE(device_clean());
+    const std::vector<float> f = d32.download<float>();
+    const std::vector<uint16_t> b = d16.download<uint16_t>();
+    for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(b[i], float_to_bf16(f[i])) << i;
+  }
+  // Paged decode, next_n 2.
+  PagedCache pc = make_paged(rng, {1000, 65}, 64, 2);
+  Queries Q2 = make_queries(rng, pc.B * 2, 64);
+  DeviceBuffer pq(Q2.q), pw(Q2.w), pcache(pc.bytes), ptable(pc.table), plens(pc.lens), p32(pc.B * 2 * 1024 * 4, 0xFF),
+      p16(pc.B * 2 * 1024 * 2, 0xFF);
+  IndexerLogitsPagedParams pp;
+  pp.q = dev_tensor(pq, DType::kE4M3, {pc.B * 2, 64, 128});
+  pp.weights = dev_tensor(pw, DType::kF32, {pc.B * 2, 64});
+  pp.cache.data = pcache.data();
+  pp.cache.device = cuda_device(0);
+  pp.cache.num_blocks = pc.blocks;
+  pp.cache.page_size = pc.page;
+  pp.block_table = dev_tensor(ptable, DType::kI32, {pc.B, pc.max_blocks});
+  pp.kv_lens = dev_tensor(plens, DType::kI32, {pc.B});
+  pp.next_n = 2;
+  pp.logits = dev_tensor(p32, DType::kF32, {pc.B * 2, 1024});
+  DSA_ASSERT_OK(indexer_logits_paged(pp));
+  pp.logits = dev_tensor(p16, DType::kBF16, {pc.B * 2, 1024});
+  DSA_ASSERT_OK(indexer_logits_paged(pp));
+  ASSERT_TRUE(device_clean());
+  const std::vector<float> f = p32.download<float>();
+  const std::vector<uint16_t> b = p16.download<uint16_t>();
+  for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(b[i], float_to_bf16(f[i])) << i;
 }

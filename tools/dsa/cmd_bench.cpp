@@ -25,6 +25,8 @@
 
 #if defined(DSA_WITH_CUDA)
 #include <cuda_runtime.h>
+
+#include "cuda/cuda_ops.h"  // set_mha_stages: the MHA prefill's attention part alone
 #endif
 
 using namespace dsa_bench;
@@ -605,6 +607,65 @@ Result bench_dense(const Options& o, const Pools& pools, const char* op, const s
   return r;
 }
 
+// Dense prefill in MHA form (dense_mha_prefill): B sequences of len fresh tokens, H heads,
+// qk = qk_nope + 64, v. attention_only: the attention over K/V that a full call left in the
+// workspace (the anchors' SDPA row, same shape string); else decompression (gather + kv_b
+// GEMM) + attention, shape suffixed " +kv_b" (against SDPA + kv_b_gemm).
+Result bench_mha_prefill(const Options& o, const Pools& pools, int64_t B, int64_t len, int64_t H, int64_t nope,
+                         int64_t dv, bool attention_only) {
+  Result r;
+  r.op = "dense_mla_prefill";
+  r.shape = "B=" + std::to_string(B) + " len=" + std::to_string(len) + " H=" + std::to_string(H) +
+            " form=mha qk=" + std::to_string(nope + 64) + " v=" + std::to_string(dv) + (attention_only ? "" : " +kv_b");
+  const int64_t T = B * len, page = 64, pages = (len + page - 1) / page;
+  const double pairs = static_cast<double>(B) * len * (len + 1) / 2;
+  r.work.flops = pairs * H * (nope + 64 + dv) * 2 + (attention_only ? 0.0 : 2.0 * T * 512 * H * (nope + dv));
+  r.work.bytes = static_cast<double>(T) * H * ((nope + 64 + dv) * 2 + (nope + dv) * 2 + 4) +
+                 (attention_only ? 0.0 : static_cast<double>(T) * dsa::kMlaBf16TokenBytes);
+  const dsa::Device d = dev0(o);
+  Rng rng(15);
+  Buf cache;
+  dsa::MlaCacheDesc cdesc;
+  bool ok = make_cache(pools, false, B * pages * page, rng, &cache, &cdesc, d);
+  std::vector<int32_t> cu(static_cast<size_t>(B + 1)), lens(static_cast<size_t>(B), static_cast<int32_t>(len)),
+      bt(static_cast<size_t>(B * pages));
+  for (int64_t b = 0; b <= B; ++b) cu[static_cast<size_t>(b)] = static_cast<int32_t>(b * len);
+  for (int64_t i = 0; i < B * pages; ++i) bt[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  Buf dcu(cu.size() * 4), dlens(lens.size() * 4), dbt(bt.size() * 4);
+  Buf qn(static_cast<size_t>(T * H * nope * 2)), qp(static_cast<size_t>(T * H * 64 * 2)),
+      w(static_cast<size_t>(H * (nope + dv) * 512 * 2)), out(static_cast<size_t>(T * H * dv * 2)),
+      lse(static_cast<size_t>(T * H * 4));
+  ok = ok && dcu.ok() && dlens.ok() && dbt.ok() && qn.ok() && qp.ok() && w.ok() && out.ok() && lse.ok() &&
+       cudaMemcpy(dcu.get(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dlens.get(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemcpy(dbt.get(), bt.data(), bt.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
+       pools.bf16.fill(qn.get(), qn.bytes(), rng) && pools.bf16.fill(qp.get(), qp.bytes(), rng) &&
+       pools.bf16.fill(w.get(), w.bytes(), rng);
+  if (!ok) { r.error = fail_alloc(); return r; }
+  dsa::DenseMhaPrefillParams p;
+  p.q_nope = dsa::make_tensor(qn.get(), dsa::DType::kBF16, {T, H, nope}, d);
+  p.q_pe = dsa::make_tensor(qp.get(), dsa::DType::kBF16, {T, H, 64}, d);
+  p.cache = cdesc;
+  p.block_table = dsa::make_tensor(dbt.get(), dsa::DType::kI32, {B, pages}, d);
+  p.kv_lens = dsa::make_tensor(dlens.get(), dsa::DType::kI32, {B}, d);
+  p.kv_lens_host = dsa::make_tensor(lens.data(), dsa::DType::kI32, {B});
+  p.cu_seqlens_q = dsa::make_tensor(dcu.get(), dsa::DType::kI32, {B + 1}, d);
+  p.kv_b_proj = dsa::make_tensor(w.get(), dsa::DType::kBF16, {H * (nope + dv), 512}, d);
+  p.sm_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(nope + 64)));
+  p.out = dsa::make_tensor(out.get(), dsa::DType::kBF16, {T, H, dv}, d);
+  p.lse = dsa::make_tensor(lse.get(), dsa::DType::kF32, {T, H}, d);
+  Buf ws(dsa::dense_mha_prefill_workspace_size(p).batch_bytes);
+  if (!ws.ok()) { r.error = fail_alloc(); return r; }
+  p.workspace = ws.get();
+  p.workspace_bytes = ws.bytes();
+  const dsa::Status first = dsa::dense_mha_prefill(p);  // fills the workspace's K/V
+  if (!first.ok()) { r.error = first.to_string(); return r; }
+  dsa::gpu::set_mha_stages(attention_only ? 2 : 3);
+  time_op(o, 1, [&](int) { return dsa::dense_mha_prefill(p); }, &r);
+  dsa::gpu::set_mha_stages(3);
+  return r;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -692,6 +753,10 @@ int cmd_bench(int argc, char** argv) {
     cases.push_back([&o](const Pools* pp) { const Pools& p = *pp;
       return bench_dense(o, p, "dense_mla_prefill", "B=4 len=2048 H=128 kv=bf16", 4, 2048, 2048, 128, false);
     });
+    for (const bool attn : {true, false}) {  // MHA form: attention part, then decompression + attention
+      cases.push_back([&o, attn](const Pools* p) { return bench_mha_prefill(o, *p, 4, 2048, 128, 128, 128, attn); });
+      cases.push_back([&o, attn](const Pools* p) { return bench_mha_prefill(o, *p, 4, 2048, 64, 192, 256, attn); });
+    }
   }
   add_layer_cases(o, &cases);
   const Pools pools;

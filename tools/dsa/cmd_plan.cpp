@@ -137,7 +137,16 @@ int cmd_plan(int argc, char** argv) {
     } else if (a == "--device") {
       ok = value(&v);
       if (ok && !std::strcmp(v, "cpu")) c.device = dsa::cpu_device();
-      else if (ok && !std::strcmp(v, "cuda")) c.device = dsa::cuda_device(0);
+      else if (ok && !std::strcmp(v, "cuda")) {
+        // The CUDA plan's scratch comes from the CUDA kernels' size queries: without a device
+        // (or the backend) there is nothing to ask, and a CPU plan under a CUDA label would lie.
+        if (!dsa::cuda_available()) {
+          std::fprintf(stderr, "dsa plan: --device cuda: no CUDA device is visible (or this build has no CUDA "
+                               "backend); use --device cpu\n");
+          return 2;
+        }
+        c.device = dsa::cuda_device(0);
+      }
       else if (ok) {
         std::fprintf(stderr, "dsa plan: --device: expected cpu or cuda, got '%s'\n", v);
         ok = false;
@@ -158,7 +167,8 @@ int cmd_plan(int argc, char** argv) {
   st = dsa::make_plan(c, &p);
   if (!st.ok()) {
     std::fprintf(stderr, "dsa plan: %s\n", st.to_string().c_str());
-    return 1;
+    // docs/cli.md: 1 when valid limits cannot be served, 2 for an invalid value.
+    return st.code() == dsa::StatusCode::kLimitExceeded ? 1 : 2;
   }
   const dsa::PlannerConfig& pc = p.config;
   const int64_t L = pc.max_context;

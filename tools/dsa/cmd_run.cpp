@@ -2,6 +2,7 @@
 // on a mixed batch in a model's geometry, on seeded random activations; the caches, the
 // selection and the attention outputs checked on sampled rows against a float64 reference.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -64,7 +65,7 @@ void run_usage(FILE* f) {
       "  --hadamard           Hadamard-128 on indexer q and k before FP8\n"
       "  --score-budget SIZE  scoring budget, B/KiB/MiB/GiB             (default 512MiB)\n"
       "  --backend NAME       cpu | cuda | auto (auto: cuda when built and a device is visible)\n"
-      "  --seed N             seed of the random activations            (default 1)\n"
+      "  --seed N             seed of the random activations (non-negative; default 1)\n"
       "  --samples N          rows checked per sampled check            (default 4)\n"
       "  --threads N          CPU threads (default: all)\n"
       "  --repeat N           run the step N times, report the fastest (default 1; the step is\n"
@@ -148,8 +149,11 @@ int parse(int argc, char** argv, RunOptions* o) {
     } else if (a == "--seed") {
       if (!value(&v)) return 2;
       char* end = nullptr;
-      o->seed = std::strtoull(v, &end, 10);
-      if (!end || *end) {
+      errno = 0;
+      // strtoull accepts "-1" (as 2^64 - 1): a sign is refused before it gets the chance.
+      const bool digits = v[0] >= '0' && v[0] <= '9';
+      o->seed = digits ? std::strtoull(v, &end, 10) : 0;
+      if (!digits || !end || *end || errno == ERANGE) {
         std::fprintf(stderr, "dsa run: --seed expects a non-negative integer\n");
         return 2;
       }

@@ -76,6 +76,7 @@ Status map_paged(Step& s, const TensorDesc& idx, int64_t r0, int64_t n, const Te
   mp.kind = IndexMapKind::kPaged;
   mp.block_table = s.p.block_table;
   mp.page_size = s.cfg.page_size;
+  mp.num_blocks = s.p.mla_cache.num_blocks;  // a table entry past the cache is an error, not a silent -1
   mp.out = out;
   mp.stream = s.p.stream;
   Status st = map_indices(mp);

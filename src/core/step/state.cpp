@@ -1,6 +1,8 @@
 // What an Attention object keeps between steps (host staging and its slots), and the slot a
 // step takes. Device details go through DeviceOps.
 #include <algorithm>
+#include <exception>
+#include <string>
 
 #include "core/step/step.h"
 
@@ -12,8 +14,15 @@ Status StepState::init(const Plan& plan) {
   ops = &device_ops(plan.config.device);
   device = plan.config.device;
   hs = host_staging(plan);
-  route.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
-  q_lens.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
+  // A plan may declare more sequences than the host can hold routes for: a status, never an
+  // exception out of the constructor.
+  try {
+    route.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
+    q_lens.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
+  } catch (const std::exception&) {  // std::bad_alloc, or std::length_error past max_size()
+    return Status(StatusCode::kOutOfMemory, "attention_step: plan.config.max_seqs_per_step: cannot allocate the routes of " +
+                                                std::to_string(plan.config.max_seqs_per_step) + " sequences");
+  }
   const size_t bytes = static_cast<size_t>(hs.total_words()) * sizeof(int32_t);
   void* mem = nullptr;
   Status st = ops->alloc_staging(device, bytes, &mem);

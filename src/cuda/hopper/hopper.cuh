@@ -114,6 +114,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!mbar_test(bar, parity)) {
   }
 }
+// The same, but a phase that never completes (a pipeline bug) traps after ~2^28 polls (seconds)
+// instead of hanging the device: the launch then fails with a device error.
+__device__ __forceinline__ void mbar_wait_or_trap(uint64_t* bar, uint32_t parity) {
+  uint32_t polls = 0;
+  while (!mbar_test(bar, parity)) {
+    if (++polls == (1u << 28)) __trap();
+  }
+}
 
 // Generic-proxy writes to shared memory (st.shared, stmatrix) that wgmma or a bulk copy reads
 // next: each writing thread fences, then the threads synchronise.
@@ -135,6 +143,14 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
 
 // TMA tile loads into this CTA's shared memory, completing `bytes` on `bar` (coordinates in
 // elements, innermost first; out-of-range parts of the box are zero-filled).
+__device__ __forceinline__ void tma_load_1d(void* dst, const CUtensorMap* map, int32_t c0, uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+  const int32_t c[1] = {c0};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, c, bar);
+#else
+  (void)dst; (void)map; (void)c0; (void)bar; __trap();
+#endif
+}
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint64_t* bar) {
 #if __CUDA_ARCH__ >= 900
   const int32_t c[2] = {c0, c1};

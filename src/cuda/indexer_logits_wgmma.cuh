@@ -1,0 +1,401 @@
+// Hopper (sm_90a) kernel of the indexer logits family: FP8 e4m3 wgmma, keys by TMA.
+//
+// Layout: keys are the M side of wgmma (A = 64 keys x 128 dims, K-major, 128-byte swizzle,
+// one TMA box per tile: a row range of the flat key buffer, or one page of the paged cache),
+// the row block's queries the N side (B = kRows rows x kHeads heads = kN <= 256 columns x 128
+// dims, K-major, swizzled by hand into shared memory once per work item). A tile is 4 k32
+// steps of m64nkNk32. Accumulator element i of a thread holds key 16 * warp + lane / 4 +
+// 8 * ((i / 2) % 2) and column 8 * (i / 4) + 2 * (lane % 4) + i % 2 = row * kHeads + head, so
+// the epilogue (relu, gate FMA over heads) runs in-thread over kHeads / 4 heads, then a
+// transposing reduction over the 4 lanes of a quad (3 * 2 * kRows / 4 shuffles), times the
+// key scale.
+//
+// Warp roles (384 threads): warpgroup 0 = producer (one thread issues TMA into a kStages ring
+// guarded by full/empty mbarriers: per stage a key tile and its 64 scales, so no consumer
+// ever waits on a global load), warpgroups 1 and 2 = consumers taking alternate key tiles,
+// so one's epilogue overlaps the other's MMA. setmaxnreg moves registers to the consumers.
+//
+// Work: items (row block, key chunk), strided over a persistent grid. Within an item, the
+// rows are taken in "passes" of rows sharing one sequence (paged general form; flat rows and
+// decode blocks are one pass); a pass streams the key tiles of [min lo, max hi) of its rows
+// within the chunk, each tile once for all its rows and heads. Columns a row does not see
+// (outside [lo, hi)) are written by logits_fill_invalid_kernel, a separate pass with the same
+// row ranges; the main kernel writes exactly the valid columns (-inf for keys on unresolvable
+// pages). Every data-dependent index is clamped as in the mma.sync kernels.
+#pragma once
+#include <math_constants.h>
+
+#include "cuda/hopper/hopper.cuh"
+#include "cuda/ops_common.cuh"
+
+namespace dsa {
+namespace gpu {
+namespace logits_wg {
+
+// ---- configuration -------------------------------------------------------------------------
+constexpr int kTileKeys = 64;                 // keys per tile (wgmma M), = the page size served
+constexpr int kD = 128;                       // index dim (bytes per e4m3 key)
+constexpr int kTileBytes = kTileKeys * kD;    // 8192
+constexpr int kStages = 12;                   // TMA ring depth (96 KiB)
+constexpr int kThreads = 384;                 // producer warpgroup + 2 consumer warpgroups
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerRegs = 224;  // 128 * 56 + 256 * 224 = 64512 = 168 * 384, the CTA's registers at launch
+constexpr int kMaxN = 256;                    // wgmma N limit: kRows * kHeads
+// Rows of a prefill-shaped block: N = 256 columns, except 16 heads: 8 rows, N = 128 (16 rows
+// spill in the paged instantiation; 16 heads is not a model's shape).
+constexpr int prefill_rows(int heads) { return heads == 16 ? 8 : kMaxN / heads; }
+
+struct RowInfo {
+  int64_t base;  // column c of the row is key j = base + c
+  int64_t lo, hi;  // valid keys [lo, hi), clipped to the computed columns; lo == hi == 0 when none
+  int32_t seq;   // sequence (paged) or 0 (flat); rows of one pass share it
+  int32_t pad;
+};
+
+struct Args {
+  const uint8_t* q; int64_t q0, q1;
+  const float* w; int64_t w0, w1;
+  void* out; int64_t out0; bool out_bf16;  // f32 or bf16 logits (round to nearest even)
+  int64_t rows, width, heads, col_offset;
+  int64_t rows_per_block, row_blocks;
+  int64_t tiles;                 // key tiles of the key space (flat: ceil(N / 64); paged: max_blocks)
+  int64_t chunk_tiles, chunks;   // key chunks of a row block
+  int64_t items;                 // row_blocks * chunks
+};
+
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+__device__ __forceinline__ RowInfo clip_row(int64_t base, int64_t lo, int64_t hi, int32_t seq) {
+  RowInfo ri;
+  ri.base = base;
+  ri.seq = seq;
+  ri.pad = 0;
+  if (hi > lo) {
+    ri.lo = lo;
+    ri.hi = hi;
+  } else {
+    ri.lo = ri.hi = 0;
+  }
+  return ri;
+}
+
+// Flat key buffer (SPEC §3.4 ragged rows): row r sees keys [max(ks, 0), min(ke, N)), column c
+// is key ks + col_offset + c (c in [0, W)).
+struct FlatKeys {
+  I32Vec ks, ke;
+  int64_t n;
+
+  __device__ RowInfo row(int64_t r, int64_t col_offset, int64_t width) const {
+    const int64_t s = ks[r], e = ke[r];
+    const int64_t base = s + col_offset;
+    const int64_t lo = imax(imax(s, 0), base);
+    const int64_t hi = imin(imin(e, n), base + width);
+    return clip_row(base, lo, hi, 0);
+  }
+  // The tile's page (flat: always resolvable).
+  __device__ bool tile_block(int32_t, int64_t, int64_t* blk) const {
+    *blk = 0;
+    return true;
+  }
+  // Keys of tile t (rows past N are zero-filled) and their 64 scales (zero past N).
+  __device__ void load(void* keys_dst, void* scales_dst, const CUtensorMap* kmap, const CUtensorMap* smap, int64_t t,
+                       int64_t, uint64_t* bar) const {
+    hopper::tma_load_2d(keys_dst, kmap, 0, static_cast<int32_t>(t * kTileKeys), bar);
+    hopper::tma_load_1d(scales_dst, smap, static_cast<int32_t>(t * kTileKeys), bar);
+  }
+};
+
+// The paged indexer cache (SPEC §4), page size 64: tile t of sequence b is page
+// block_table[b][t]; its 64 keys (128 B each) then their 64 f32 scales.
+struct PagedKeys {
+  const uint8_t* cache; int64_t block_bytes, num_blocks;
+  I32Mat block_table;
+  I32Vec kv_lens; int64_t next_n;
+  I32Vec row_seq, row_len; bool general;
+
+  __device__ RowInfo row(int64_t r, int64_t col_offset, int64_t width) const {
+    int64_t seq, len;
+    if (general) {
+      seq = row_seq[r];
+      len = row_len[r];
+    } else {
+      seq = r / next_n;
+      len = static_cast<int64_t>(kv_lens[seq]) - next_n + (r % next_n) + 1;
+    }
+    if (seq < 0 || seq >= block_table.rows) return clip_row(col_offset, 0, 0, -1);
+    const int64_t cap = block_table.cols * kTileKeys;
+    const int64_t hi = imin(imin(len, cap), col_offset + width);
+    return clip_row(col_offset, col_offset, hi, static_cast<int32_t>(seq));
+  }
+  __device__ bool tile_block(int32_t seq, int64_t t, int64_t* blk) const {
+    const int64_t b = block_table.at(seq, t);
+    *blk = b;
+    return b >= 0 && b < num_blocks;
+  }
+  // The page's 64 keys and, from the same page, their 64 scales.
+  __device__ void load(void* keys_dst, void* scales_dst, const CUtensorMap* kmap, const CUtensorMap* smap, int64_t,
+                       int64_t blk, uint64_t* bar) const {
+    hopper::tma_load_3d(keys_dst, kmap, 0, 0, static_cast<int32_t>(blk), bar);
+    hopper::tma_load_2d(scales_dst, smap, 0, static_cast<int32_t>(blk), bar);
+  }
+};
+
+// Calls f(seq, row_mask, tile) for every key tile of one work item, in the one order that the
+// producer and both consumers follow. get(i) is the RowInfo of the item's row i (< nrows).
+template <class GetRow, class F>
+__device__ __forceinline__ void item_tiles(const Args& a, int nrows, int64_t chunk, const GetRow& get, const F& f) {
+  const int64_t c_lo = chunk * a.chunk_tiles;
+  const int64_t c_hi = imin(c_lo + a.chunk_tiles, a.tiles);
+  uint32_t done = 0;
+  for (int i = 0; i < nrows; ++i) {
+    if ((done >> i) & 1u) continue;
+    const int32_t seq = get(i).seq;
+    int64_t lo = 0, hi = 0;
+    bool any = false;
+    uint32_t mask = 0;
+    for (int k = i; k < nrows; ++k) {
+      if ((done >> k) & 1u) continue;
+      const RowInfo ri = get(k);
+      if (ri.seq != seq) continue;
+      mask |= 1u << k;
+      if (ri.hi > ri.lo) {
+        lo = any ? imin(lo, ri.lo) : ri.lo;
+        hi = any ? imax(hi, ri.hi) : ri.hi;
+        any = true;
+      }
+    }
+    done |= mask;
+    if (!any) continue;
+    const int64_t t0 = imax(lo / kTileKeys, c_lo);
+    const int64_t t1 = imin((hi + kTileKeys - 1) / kTileKeys, c_hi);
+    for (int64_t t = t0; t < t1; ++t) f(seq, mask, t);
+  }
+}
+
+__device__ __forceinline__ void store_logit(const Args& a, int64_t r, int64_t c, float v) {
+  if (a.out_bf16) static_cast<uint16_t*>(a.out)[r * a.out0 + c] = float_to_bf16(v);
+  else static_cast<float*>(a.out)[r * a.out0 + c] = v;
+}
+
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+// Shared memory of one CTA (offsets from a 1024-aligned base).
+template <int kN, int kRows>
+struct Smem {
+  static constexpr int kTiles = 0;
+  static constexpr int kScales = kTiles + kStages * kTileBytes;  // kStages x 64 f32
+  static constexpr int kQ = kScales + kStages * kTileKeys * 4;
+  static constexpr int kW = kQ + kN * kD;
+  static constexpr int kRowsOff = kW + kN * 4;
+  static constexpr int kBars = kRowsOff + kRows * static_cast<int>(sizeof(RowInfo));
+  static constexpr int kBytes = kBars + 2 * kStages * 8;
+  static constexpr int kAlloc = kBytes + 1024;  // alignment slack of the dynamic base
+};
+
+// kEpilogue = false: the MMA-only measurement variant (no logits written; the bench hook
+// DSA_CUDA_LOGITS=wgmma_mma_only), to report the epilogue's share of the time.
+template <class Keys, int kHeads, int kRows, bool kEpilogue>
+__global__ void __launch_bounds__(kThreads, 1)
+    logits_wgmma_kernel(const Args a, const Keys keys, const __grid_constant__ CUtensorMap kmap,
+                        const __grid_constant__ CUtensorMap smap) {
+#if DSA_HOPPER_DEVICE
+  constexpr int kN = kHeads * kRows;
+  static_assert(kN % 16 == 0 && kN <= kMaxN, "wgmma N");
+  static_assert(kHeads % 8 == 0 && kRows <= 16, "row block");
+  using L = Smem<kN, kRows>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* tiles = smem + L::kTiles;
+  float* scales = reinterpret_cast<float*>(smem + L::kScales);
+  uint8_t* qs = smem + L::kQ;
+  float* ws = reinterpret_cast<float*>(smem + L::kW);
+  RowInfo* rows_s = reinterpret_cast<RowInfo*>(smem + L::kRowsOff);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  uint64_t* empty = full + kStages;
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      hopper::mbar_init(&full[s], 1);
+      hopper::mbar_init(&empty[s], 4);  // one arrival per warp of the consuming warpgroup
+    }
+    hopper::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- producer ----
+    hopper::regs_decrease<kProducerRegs>();
+    if (tid != 0) return;
+    hopper::prefetch_tensor_map(&kmap);
+    hopper::prefetch_tensor_map(&smap);
+    uint32_t g = 0;
+    for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
+      const int64_t rb = item % a.row_blocks, chunk = item / a.row_blocks;
+      const int64_t row0 = rb * a.rows_per_block;
+      const int nrows = static_cast<int>(imin(a.rows_per_block, a.rows - row0));
+      auto get = [&](int i) { return keys.row(row0 + i, a.col_offset, a.width); };
+      item_tiles(a, nrows, chunk, get, [&](int32_t seq, uint32_t, int64_t t) {
+        const uint32_t s = g % kStages, ph = (g / kStages) & 1u;
+        hopper::mbar_wait_or_trap(&empty[s], ph ^ 1u);
+        int64_t blk;
+        if (keys.tile_block(seq, t, &blk)) {
+          hopper::mbar_arrive_expect_tx(&full[s], kTileBytes + kTileKeys * 4);
+          keys.load(tiles + s * kTileBytes, scales + s * kTileKeys, &kmap, &smap, t, blk, &full[s]);
+        } else {
+          hopper::mbar_arrive(&full[s]);  // nothing to load: the consumer writes -inf
+        }
+        ++g;
+      });
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  hopper::regs_increase<kConsumerRegs>();
+  const int ctid = tid - 128;          // 0..255 over both consumer warpgroups
+  const uint32_t cw = wg - 1;          // this warpgroup takes tiles g with g % 2 == cw
+  const int warp = (tid / 32) % 4, lane = tid % 32, quad = lane & 3;
+  const uint64_t desc_b0 = hopper::smem_desc(qs, hopper::Swizzle::k128B, 16, 1024);
+  float acc[kN / 2];
+  uint32_t g = 0;
+  for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
+    const int64_t rb = item % a.row_blocks, chunk = item / a.row_blocks;
+    const int64_t row0 = rb * a.rows_per_block;
+    const int nrows = static_cast<int>(imin(a.rows_per_block, a.rows - row0));
+    consumer_sync();  // both warpgroups are done with the previous item's q, weights, rows
+    if (ctid < kRows) rows_s[ctid] = ctid < nrows ? keys.row(row0 + ctid, a.col_offset, a.width) : clip_row(0, 0, 0, -2);
+    // q (kN x 128 e4m3) in the 128-byte-swizzled K-major layout; zero for padded heads/rows.
+    for (int e = ctid; e < kN * 8; e += 256) {
+      const int n = e / 8, c = e % 8;
+      const int rr = n / kHeads, h = n % kHeads;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (rr < nrows && h < a.heads) v = *reinterpret_cast<const uint4*>(a.q + (row0 + rr) * a.q0 + h * a.q1 + 16 * c);
+      *reinterpret_cast<uint4*>(qs + n * kD + ((c ^ (n % 8)) * 16)) = v;
+    }
+    for (int n = ctid; n < kN; n += 256) {
+      const int rr = n / kHeads, h = n % kHeads;
+      ws[n] = (rr < nrows && h < a.heads) ? a.w[(row0 + rr) * a.w0 + h * a.w1] : 0.f;
+    }
+    hopper::fence_async_smem();  // generic writes of q feed wgmma
+    consumer_sync();
+
+    auto get = [&](int i) { return rows_s[i]; };
+    item_tiles(a, nrows, chunk, get, [&](int32_t seq, uint32_t mask, int64_t t) {
+      if ((g & 1u) == cw) {
+        const uint32_t s = g % kStages, ph = (g / kStages) & 1u;
+        int64_t blk;
+        const bool ok = keys.tile_block(seq, t, &blk);
+        const int key0 = 16 * warp + lane / 4;  // this thread's keys: key0, key0 + 8
+        // A plain wait here (the bounded one costs the 128-accumulator variants spills): a
+        // producer issuing more tiles than the consumers take traps on its empty-ring wait; the
+        // reverse would hang, which the shared item_tiles order rules out.
+        hopper::mbar_wait(&full[s], ph);
+        float sc0 = 0.f, sc1 = 0.f;  // the two keys' scales (read before the stage is released)
+        if (kEpilogue && ok) {
+          sc0 = scales[s * kTileKeys + key0];
+          sc1 = scales[s * kTileKeys + key0 + 8];
+        }
+        if (ok) {
+          const uint64_t desc_a0 = hopper::smem_desc(tiles + s * kTileBytes, hopper::Swizzle::k128B, 16, 1024);
+          hopper::wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < kD / 32; ++k)
+            hopper::wgmma_e4m3_ss<kN>(acc, hopper::desc_advance(desc_a0, 32 * k), hopper::desc_advance(desc_b0, 32 * k),
+                                      k > 0 ? 1 : 0);
+          hopper::wgmma_commit();
+          hopper::wgmma_wait<0>();
+          hopper::fence_regs(acc);
+        }
+        __syncwarp();
+        if (lane == 0) hopper::mbar_arrive(&empty[s]);  // this warp no longer reads the stage
+        if constexpr (kEpilogue) {
+          const int64_t jt = t * kTileKeys;
+          auto store = [&](int rr, int hf, float sum) {
+            if (!((mask >> rr) & 1u)) return;
+            const RowInfo& ri = rows_s[rr];
+            const int64_t j = jt + key0 + 8 * hf;
+            if (j < ri.lo || j >= ri.hi) return;
+            store_logit(a, row0 + rr, j - ri.base, ok ? sum * (hf ? sc1 : sc0) : -CUDART_INF_F);
+          };
+          // Rows in groups of kGroup (<= 4) to bound the live partial sums.
+          constexpr int kGroup = kRows < 4 ? kRows : 4;
+#pragma unroll
+          for (int r0 = 0; r0 < kRows; r0 += kGroup) {
+            // part[v], v = (rr - r0) * 2 + half: Σ over this thread's heads of w * relu(dot).
+            constexpr int V = 2 * kGroup;
+            constexpr int kGpr = kHeads / 8;  // 8-column groups per row
+            float part[V];
+#pragma unroll
+            for (int v = 0; v < V; ++v) part[v] = 0.f;
+            if (ok) {
+#pragma unroll
+              for (int gi = r0 * kGpr; gi < (r0 + kGroup) * kGpr; ++gi) {
+                const int rl = gi / kGpr - r0;
+                const float2 wv = *reinterpret_cast<const float2*>(&ws[8 * gi + 2 * quad]);
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                  float p = part[rl * 2 + hf];
+                  p = fmaf(wv.x, fmaxf(acc[4 * gi + 2 * hf], 0.f), p);
+                  p = fmaf(wv.y, fmaxf(acc[4 * gi + 2 * hf + 1], 0.f), p);
+                  part[rl * 2 + hf] = p;
+                }
+              }
+            }
+            if constexpr (V >= 4) {
+              // Transposing reduction over the quad: lane (b1, b0) = (quad / 2, quad % 2)
+              // ends with the full sums of v = b1 * V / 2 + b0 * V / 4 + k, k < V / 4.
+              const bool b1 = (quad & 2) != 0, b0 = (quad & 1) != 0;
+              float q1[V / 2];
+#pragma unroll
+              for (int k = 0; k < V / 2; ++k) {
+                const float send = b1 ? part[k] : part[k + V / 2];
+                const float keep = b1 ? part[k + V / 2] : part[k];
+                q1[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+              }
+#pragma unroll
+              for (int k = 0; k < V / 4; ++k) {
+                const float send = b0 ? q1[k] : q1[k + V / 4];
+                const float keep = b0 ? q1[k + V / 4] : q1[k];
+                const float sum = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+                const int v = (b1 ? V / 2 : 0) + (b0 ? V / 4 : 0) + k;
+                store(r0 + (v >> 1), v & 1, sum);
+              }
+            } else {  // one row: two values; lanes 0 and 1 of each quad store
+#pragma unroll
+              for (int v = 0; v < V; ++v) {
+                part[v] += __shfl_xor_sync(0xffffffffu, part[v], 1);
+                part[v] += __shfl_xor_sync(0xffffffffu, part[v], 2);
+              }
+              if (quad < 2) store(r0, quad, quad == 0 ? part[0] : part[1]);
+            }
+          }
+        }
+      }
+      ++g;
+    });
+  }
+#else
+  (void)a; (void)keys; (void)kmap; (void)smap;
+  __trap();
+#endif
+}
+
+// -inf at the columns of each row outside its valid keys [lo, hi) (all columns when none).
+template <class Keys>
+__global__ void logits_fill_invalid_kernel(const Args a, const Keys keys) {
+  const int64_t r = blockIdx.x;
+  const RowInfo ri = keys.row(r, a.col_offset, a.width);
+  int64_t vlo = a.width, vhi = a.width;
+  if (ri.hi > ri.lo) {
+    vlo = ri.lo - ri.base;
+    vhi = ri.hi - ri.base;
+  }
+  for (int64_t c = threadIdx.x; c < vlo; c += blockDim.x) store_logit(a, r, c, -CUDART_INF_F);
+  for (int64_t c = vhi + threadIdx.x; c < a.width; c += blockDim.x) store_logit(a, r, c, -CUDART_INF_F);
+}
+
+}  // namespace logits_wg
+}  // namespace gpu
+}  // namespace dsa

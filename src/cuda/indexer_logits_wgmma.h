@@ -1,0 +1,18 @@
+// Host entry points of the Hopper logits kernels (indexer_logits_wgmma.cuh), used by the
+// launcher in indexer_logits.cu. Each returns false in *served when the call's shape or
+// alignment is not one the kernel serves (the launcher then takes the mma.sync kernel).
+#pragma once
+#include "dsa/indexer.h"
+#include "dsa/status.h"
+
+namespace dsa {
+namespace gpu {
+namespace logits_wg {
+
+// mma_only: the measurement variant without the epilogue (no logits written).
+StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, bool* served);
+StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool* served);
+
+}  // namespace logits_wg
+}  // namespace gpu
+}  // namespace dsa

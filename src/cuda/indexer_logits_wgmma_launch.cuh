@@ -1,0 +1,102 @@
+// Host-side launch helpers shared by the flat and paged instantiation files of the Hopper
+// logits kernel: work split, grid, shared memory, the -inf fill pass.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_common.cuh"
+#include "cuda/indexer_logits_wgmma.cuh"
+#include "dsa/indexer.h"
+
+namespace dsa {
+namespace gpu {
+namespace logits_wg {
+
+inline int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      n <= 0) {
+    cudaGetLastError();
+    return 132;
+  }
+  return n;
+}
+
+// Heads padded to the kernel's head count (16, 32 or 64).
+inline int padded_heads(int64_t h) { return h <= 16 ? 16 : h <= 32 ? 32 : 64; }
+
+inline bool q_aligned(const TensorDesc& q) {
+  return reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && q.stride[0] % 16 == 0 && q.stride[1] % 16 == 0 && q.stride[2] == 1;
+}
+
+inline Args base_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc& out, int64_t col_offset) {
+  Args a{};
+  a.q = static_cast<const uint8_t*>(q.data);
+  a.q0 = q.stride[0];
+  a.q1 = q.stride[1];
+  a.w = static_cast<const float*>(w.data);
+  a.w0 = w.stride[0];
+  a.w1 = w.stride[1];
+  a.out = out.data;
+  a.out0 = out.stride[0];
+  a.out_bf16 = out.dtype == DType::kBF16;
+  a.rows = q.shape[0];
+  a.heads = q.shape[1];
+  a.width = out.shape[1];
+  a.col_offset = col_offset;
+  return a;
+}
+
+// Splits each row block's key tiles into equal chunks so that the items of the persistent
+// grid's CTAs balance: minimises (items per CTA) x (tiles per item + a per-item overhead).
+inline void plan_chunks(Args* a, int sms) {
+  a->row_blocks = ceil_div(a->rows, a->rows_per_block);
+  if (a->tiles <= 0 || a->row_blocks <= 0) {
+    a->chunk_tiles = 1;
+    a->chunks = 0;
+    a->items = 0;
+    return;
+  }
+  constexpr double kItemOverhead = 3.0;  // q restage, pipeline turn, in tiles
+  int64_t best = 1;
+  double best_cost = -1;
+  const int64_t max_c = a->tiles < 4096 ? a->tiles : 4096;
+  for (int64_t c = 1; c <= max_c; ++c) {
+    const int64_t per = ceil_div(a->tiles, c);
+    const int64_t waves = ceil_div(a->row_blocks * c, sms);
+    const double cost = static_cast<double>(waves) * (static_cast<double>(per) + kItemOverhead);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best = c;
+    }
+  }
+  a->chunk_tiles = ceil_div(a->tiles, best);
+  a->chunks = ceil_div(a->tiles, a->chunk_tiles);
+  a->items = a->row_blocks * a->chunks;
+}
+
+template <class Keys, int kHeads, int kRows, bool kEpilogue>
+StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s) {
+  if (kEpilogue) {
+    logits_fill_invalid_kernel<Keys><<<static_cast<unsigned>(a.rows), 256, 0, s>>>(a, keys);
+    const StatusCode st = last_launch_status();
+    if (st != StatusCode::kOk) return st;
+  }
+  const int sms = sm_count();
+  plan_chunks(&a, sms);
+  if (a.items == 0) return StatusCode::kOk;
+  auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue>;
+  constexpr int smem = Smem<kHeads * kRows, kRows>::kAlloc;
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return StatusCode::kDeviceError;
+  }
+  const int64_t grid = a.items < sms ? a.items : sms;
+  kern<<<static_cast<unsigned>(grid), kThreads, smem, s>>>(a, keys, map, smap);
+  return last_launch_status();
+}
+
+}  // namespace logits_wg
+}  // namespace gpu
+}  // namespace dsa
