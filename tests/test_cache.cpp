@@ -105,6 +105,29 @@ TEST(Cache, IndexerPagesHoldKeysThenScales) {
       std::memcpy(&want[blk * block_bytes + page * 128 + off * 4], &ks[t], 4);
     }
     EXPECT_EQ(0, std::memcmp(want.data(), cache.data(), want.size()));
+    // read_indexer_cache is the inverse: the keys and scales as written; -1 rows untouched.
+    std::vector<int64_t> rs = slots;
+    rs.push_back(-1);
+    const int64_t R = T + 1;
+    std::vector<uint8_t> k_back(static_cast<size_t>(R * 128), 0xA5);
+    std::vector<float> s_back(static_cast<size_t>(R), -3.f);
+    ReadIndexerCacheParams r;
+    r.cache = p.cache;
+    r.slots = dsa_test::t_i64(rs.data(), {R});
+    r.k = dsa_test::t_e4m3(k_back.data(), {R, 128});
+    r.k_scale = dsa_test::t_f32(s_back.data(), {R});
+    DSA_ASSERT_OK(read_indexer_cache(r));
+    for (int64_t t = 0; t < T; ++t) {
+      if (slots[t] < 0) continue;
+      ASSERT_EQ(0, std::memcmp(&k_back[t * 128], &k[t * 128], 128)) << "key " << t;
+      ASSERT_EQ(s_back[t], ks[t]) << "scale " << t;
+    }
+    for (int64_t j = 0; j < 128; ++j) ASSERT_EQ(k_back[T * 128 + j], 0xA5);
+    ASSERT_EQ(s_back[T], -3.f);
+    rs[0] = blocks * page;  // outside the cache: refused, naming the slot
+    EXPECT_TRUE(dsa_test::fails_naming(read_indexer_cache(r), {"read_indexer_cache", "slots[0]"}));
+    r.k = dsa_test::t_e4m3(k_back.data(), {R, 64});
+    EXPECT_TRUE(dsa_test::fails_naming(read_indexer_cache(r), {"read_indexer_cache", "k", "128"}));
   }
 }
 

@@ -483,6 +483,41 @@ TEST(IndexerLogitsPaged, RejectsBadArgumentsNamingThem) {
   EXPECT_TRUE(dsa_test::fails_naming(run_paged(pc, p, 80, &out), {"cache", "page_size"}));
 }
 
+// skip_rows_up_to: rows seeing L <= it keys are not computed (logits rows keep their bytes, and
+// their pages are not read, so a bad block-table entry there is not an error); every other row
+// is bit-identical to the unskipped call.
+TEST(IndexerLogitsPaged, SkipsShortRowsUntouched) {
+  Rng rng(29);
+  const std::vector<int64_t> kv = {130, 50, 65};
+  PagedCase pc;
+  pc.H = 8;
+  const std::vector<std::pair<int, int>> rows = {{0, 129}, {0, 130}, {1, 49}, {1, 50}, {2, 64}, {2, 65}};
+  for (auto [s, l] : rows) { pc.seq.push_back(s); pc.len.push_back(l); }
+  const int64_t R = static_cast<int64_t>(rows.size()), W = 140;
+  pc.in = make_inputs(rng, R, pc.H, 245);
+  pc.cache = make_cache(rng, kv, 16, pc.in.k, &pc.key_offset);
+  IndexerLogitsPagedParams p;
+  p.row_seq = dsa_test::t_i32(pc.seq.data(), {R});
+  p.row_len = dsa_test::t_i32(pc.len.data(), {R});
+  Guarded full, part;
+  DSA_ASSERT_OK(run_paged(pc, p, W, &full));
+  pc.cache.block_table[1 * pc.cache.max_blocks + 0] = 1 << 20;  // sequence 1: only skipped rows
+  p.skip_rows_up_to = 64;
+  DSA_ASSERT_OK(run_paged(pc, p, W, &part));
+  ASSERT_TRUE(part.intact());
+  std::vector<float> poison(static_cast<size_t>(W));
+  dsa_test::poison_f32(poison.data(), poison.size());
+  for (int64_t r = 0; r < R; ++r) {
+    const float* got = part.as<float>() + r * W;
+    if (pc.len[r] <= 64) EXPECT_EQ(0, std::memcmp(got, poison.data(), W * 4)) << "skipped row " << r << " was written";
+    else EXPECT_EQ(0, std::memcmp(got, full.as<float>() + r * W, W * 4)) << "row " << r;
+  }
+  p.skip_rows_up_to = 0;  // unskipped, the bad entry is read and refused
+  EXPECT_TRUE(dsa_test::fails_naming(run_paged(pc, p, W, &part), {"block_table[1][0]"}));
+  p.skip_rows_up_to = -1;
+  EXPECT_TRUE(dsa_test::fails_naming(run_paged(pc, p, W, &part), {"skip_rows_up_to"}));
+}
+
 // BF16 logits: every value is the f32 logit rounded to nearest even (-inf stays -inf), flat and
 // paged; other logits dtypes are refused naming the argument.
 TEST(IndexerLogits, Bf16LogitsAreRoundedF32Logits) {

@@ -382,8 +382,23 @@ TEST(IndexerPrep, RejectsBadArgumentsNamingThem) {
   p.q_out.stride[2] = 2;
   EXPECT_TRUE(dsa_test::fails_naming(prepare_indexer_q(p), {"q_out", "contiguous"}));
   p = good;
-  p.positions.dtype = DType::kI64;
+  p.positions.dtype = DType::kF32;
   EXPECT_TRUE(dsa_test::fails_naming(prepare_indexer_q(p), {"positions", "i32"}));
+  {  // i64 positions (engines' dtype) give the same bytes as i32 ones; out-of-range ones are named
+    std::vector<int64_t> pos64(pos.begin(), pos.end());
+    std::vector<uint8_t> qo64(qo.size());
+    std::vector<float> wo64(wo.size());
+    p = good;
+    p.positions = dsa_test::t_i64(pos64.data(), {T});
+    p.q_out = dsa_test::t_e4m3(qo64.data(), {T, H, 128});
+    p.weights_out = dsa_test::t_f32(wo64.data(), {T, H});
+    DSA_ASSERT_OK(prepare_indexer_q(good));
+    DSA_ASSERT_OK(prepare_indexer_q(p));
+    EXPECT_EQ(qo64, qo);
+    EXPECT_EQ(0, std::memcmp(wo64.data(), wo.data(), wo.size() * 4));
+    pos64[1] = int64_t{1} << 33;
+    EXPECT_TRUE(dsa_test::fails_naming(prepare_indexer_q(p), {"positions", "8589934592"}));
+  }
   p = good;
   p.cos_sin = dsa_test::t_f32(cs.data(), {P * 2, 32});
   EXPECT_TRUE(dsa_test::fails_naming(prepare_indexer_q(p), {"cos_sin", "64"}));

@@ -205,14 +205,23 @@ struct RunOpts {
   int split = 0;
   Guarded* workspace = nullptr;  // instead of a fresh one (layers of one step share it)
   int cu_seqlens = 0;  // 32 or 64: the batch as cu_seqlens of that width instead of q_lens
+  bool device_lengths = false;  // graph-stable decode form (every q_len equal: next_n)
+  std::function<void(StepParams&)> tweak;  // edits the params before the call
+  const std::vector<int64_t>* slot_mapping = nullptr;
+  bool positions64 = false;  // positions given as i64
 };
 
 Result run_step(World& w, const RunOpts& o) {
   Result r;
   w.reset();
   Status ps = Status::Ok();
-  if (o.attn) r.plan = o.attn->plan();
-  else ps = make_plan(config_for(w, o.budget), &r.plan);
+  if (o.attn) {
+    r.plan = o.attn->plan();
+  } else {
+    PlannerConfig c = config_for(w, o.budget);
+    if (o.device_lengths) c.max_next_n = w.q_lens.empty() ? 1 : w.q_lens[0];
+    ps = make_plan(c, &r.plan);
+  }
   if (!ps.ok()) {
     r.status = ps;
     return r;
@@ -237,6 +246,12 @@ Result run_step(World& w, const RunOpts& o) {
     p.cu_seqlens = o.cu_seqlens == 64 ? t_i64(cu64.data(), {w.B + 1}) : t_i32(cu32.data(), {w.B + 1});
   }
   p.kv_lens = t_i32(w.kv_lens.data(), {w.B});
+  if (o.device_lengths) {
+    p.q_lens = TensorDesc{};
+    p.cu_seqlens = TensorDesc{};
+    p.device_lengths = true;
+    p.next_n = w.q_lens.empty() ? 1 : w.q_lens[0];
+  }
   p.block_table = t_i32(w.block_table.data(), {w.B, w.max_blocks});
   p.kv_c = t_f32(w.kv_c.data(), {w.T, 512});
   p.k_pe = t_f32(w.k_pe.data(), {w.T, 64});
@@ -253,9 +268,18 @@ Result run_step(World& w, const RunOpts& o) {
   }
   if (o.want_indices && o.role != IndexerRole::kShared) p.indices_out = t_i32(r.indices.data(), {w.T, w.g.topk});
   std::vector<int32_t> pos_copy;
+  std::vector<int64_t> pos64, slots_copy;
   if (o.positions) {
     pos_copy = *o.positions;
     p.positions = t_i32(pos_copy.data(), {w.T});
+    if (o.positions64) {
+      pos64.assign(pos_copy.begin(), pos_copy.end());
+      p.positions = t_i64(pos64.data(), {w.T});
+    }
+  }
+  if (o.slot_mapping) {
+    slots_copy = *o.slot_mapping;
+    p.slot_mapping = t_i64(slots_copy.data(), {w.T});
   }
   p.force_score = o.force_score;
   p.time_stages = o.time_stages;
@@ -263,6 +287,7 @@ Result run_step(World& w, const RunOpts& o) {
   p.lse = t_f32(r.lse.data(), {w.T, kH});
   p.workspace = ws.data();
   p.workspace_bytes = ws.size();
+  if (o.tweak) o.tweak(p);
   auto call = [&](Attention& a) {
     if (o.split == 0) return a.step(p, &r.report);
     if (o.split == 1) {
@@ -1133,6 +1158,270 @@ TEST(LayerStep, CuSeqlensEqualsQLens) {
   p.q_lens = TensorDesc{};
   std::swap(cu[1], cu[2]);
   EXPECT_TRUE(dsa_test::fails_naming(attn.prepare(p), {"cu_seqlens[2]", "expected >="}));
+}
+
+// ---- graph-stable decode: StepParams::device_lengths ----
+namespace {
+bool same_rows(const std::vector<float>& a, const std::vector<float>& b, int64_t r0, int64_t r1, int64_t width) {
+  return std::memcmp(a.data() + r0 * width, b.data() + r0 * width, static_cast<size_t>((r1 - r0) * width) * 4) == 0;
+}
+}  // namespace
+
+// The device-lengths form (row tables built by the backend from kv_lens, every row scored in
+// chunks of max_context width, short rows given the identity by top-k) against the host-planned
+// step: a full layer equals the host step that scores everything (force_score) bit for bit;
+// mtp and shared layers equal the host routes in indices and caches bit for bit, in the rows of
+// long contexts bit for bit, and in short rows (dense there, sparse over the identity here) to
+// rounding. For next_n 1 and 2.
+TEST(LayerStep, DeviceLengthsDecodeEqualsHostPlannedStep) {
+  const int K = 64;
+  for (int next_n : {1, 2}) {
+    SCOPED_TRACE("next_n " + std::to_string(next_n));
+    World w(tiny_geometry(K), {{next_n, 40}, {next_n, 64}, {next_n, 65}, {next_n, 200}, {next_n, next_n}}, 16,
+            300 + next_n);
+    const int64_t T = w.T, row = kH * 512;
+    const int64_t long_r0 = 2 * next_n, long_r1 = 4 * next_n;  // rows of the kv 65 and 200 sequences
+    RunOpts dl;
+    dl.device_lengths = true;
+    RunOpts forced;
+    forced.force_score = true;
+    const Result d = run_step(w, dl), h = run_step(w, forced);
+    ASSERT_TRUE(d.status.ok()) << d.status.to_string();
+    ASSERT_TRUE(h.status.ok()) << h.status.to_string();
+    EXPECT_EQ(d.report.rows[static_cast<int>(Route::kSparseScored)], T);
+    EXPECT_EQ(d.report.seqs[static_cast<int>(Route::kDense)], 0);
+    EXPECT_GE(d.report.score_chunks, 1);
+    EXPECT_TRUE(same_bits(d.out, h.out));
+    EXPECT_TRUE(same_bits(d.lse, h.lse));
+    EXPECT_EQ(d.indices, h.indices);
+    EXPECT_EQ(d.mla, h.mla);
+    EXPECT_EQ(d.idx, h.idx);
+    EXPECT_TRUE(d.workspace_intact);
+    EXPECT_LE(d.report.workspace_high_water_bytes, d.plan.workspace_bytes);
+    // The plan counts this mode: max_context-wide chunks for max_seqs * max_next_n rows.
+    const int64_t rpc = d.plan.rows_per_chunk(d.plan.config.max_context);
+    ASSERT_GE(rpc, 1);
+    EXPECT_LE(d.plan.chunk_bytes(std::min(rpc, d.plan.max_rows), d.plan.config.max_context), d.plan.score_region_bytes);
+    EXPECT_EQ(d.report.score_chunks, (T + rpc - 1) / rpc);
+
+    for (IndexerRole role : {IndexerRole::kMtp, IndexerRole::kShared}) {
+      SCOPED_TRACE(role == IndexerRole::kMtp ? "mtp" : "shared");
+      RunOpts dr = dl, hr;
+      dr.role = hr.role = role;
+      if (role == IndexerRole::kShared) dr.indices_in = hr.indices_in = &h.indices;
+      const Result dm = run_step(w, dr), hm = run_step(w, hr);
+      ASSERT_TRUE(dm.status.ok()) << dm.status.to_string();
+      ASSERT_TRUE(hm.status.ok()) << hm.status.to_string();
+      EXPECT_GT(hm.report.seqs[static_cast<int>(Route::kDense)], 0) << "the host routes short contexts dense";
+      EXPECT_EQ(dm.report.seqs[static_cast<int>(Route::kDense)], 0);
+      if (role == IndexerRole::kMtp) EXPECT_EQ(dm.indices, hm.indices);
+      EXPECT_EQ(dm.mla, hm.mla);
+      EXPECT_EQ(dm.idx, hm.idx);
+      EXPECT_TRUE(same_rows(dm.out, hm.out, long_r0, long_r1, row));
+      EXPECT_TRUE(same_rows(dm.lse, hm.lse, long_r0, long_r1, kH));
+      for (size_t i = 0; i < dm.out.size(); ++i)
+        ASSERT_NEAR(dm.out[i], hm.out[i], 1e-5f * (1.f + std::fabs(hm.out[i]))) << "out at " << i;
+      for (size_t i = 0; i < dm.lse.size(); ++i)
+        ASSERT_NEAR(dm.lse[i], hm.lse[i], 1e-5f * (1.f + std::fabs(hm.lse[i]))) << "lse at " << i;
+    }
+    // Prepared once, run per layer: equal to step().
+    RunOpts split = dl;
+    split.split = 1;
+    const Result ds = run_step(w, split);
+    ASSERT_TRUE(ds.status.ok()) << ds.status.to_string();
+    EXPECT_TRUE(same_bits(ds.out, d.out));
+    EXPECT_EQ(ds.indices, d.indices);
+  }
+}
+
+// One object serving a decode batch as its contexts grow from below topk to past it, one
+// prepare per step over the same kv_lens buffer rewritten in place (what a replayed graph does
+// on CUDA): every step equals the host-planned step that scores everything, bit for bit.
+TEST(LayerStep, DeviceLengthsOneObjectAcrossGrowingContexts) {
+  const int K = 64;
+  PlannerConfig c;
+  c.geometry = tiny_geometry(K);
+  c.page_size = 16;
+  c.max_tokens_per_step = 6;
+  c.max_seqs_per_step = 3;
+  c.max_next_n = 2;
+  c.max_context = 256;
+  Plan plan;
+  ASSERT_TRUE(make_plan(c, &plan).ok());
+  Attention dev_obj(plan), host_obj(plan);
+  bool crossed = false;
+  for (int step = 0; step < 66; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    World w(c.geometry, {{2, 9 + 2 * step}, {2, 30 + 2 * step}, {2, 52 + 2 * step}}, 16, 500 + step);
+    RunOpts dl;
+    dl.device_lengths = true;
+    dl.attn = &dev_obj;
+    dl.split = 1;
+    RunOpts forced;
+    forced.force_score = true;
+    forced.attn = &host_obj;
+    const Result d = run_step(w, dl), h = run_step(w, forced);
+    ASSERT_TRUE(d.status.ok()) << d.status.to_string();
+    ASSERT_TRUE(h.status.ok()) << h.status.to_string();
+    ASSERT_TRUE(same_bits(d.out, h.out));
+    ASSERT_TRUE(same_bits(d.lse, h.lse));
+    ASSERT_EQ(d.indices, h.indices);
+    ASSERT_EQ(d.mla, h.mla);
+    ASSERT_EQ(d.idx, h.idx);
+    crossed = crossed || 9 + 2 * step > K;
+  }
+  EXPECT_TRUE(crossed);
+}
+
+// What the device-lengths form refuses, before writing anything.
+TEST(LayerStep, DeviceLengthsRefusals) {
+  World w(tiny_geometry(64), {{2, 40}, {2, 100}}, 16, 601);
+  auto refused = [&](RunOpts o, StatusCode code, const std::string& needle) {
+    o.device_lengths = true;
+    const Result r = run_step(w, o);
+    EXPECT_EQ(r.status.code(), code) << r.status.to_string();
+    EXPECT_NE(r.status.to_string().find(needle), std::string::npos) << r.status.to_string();
+    EXPECT_EQ(r.mla, w.mla0) << needle;
+    EXPECT_EQ(r.idx, w.idx0) << needle;
+  };
+  RunOpts o;
+  o.tweak = [&](StepParams& p) { p.q_lens = t_i32(w.q_lens.data(), {w.B}); };
+  refused(o, StatusCode::kInvalidArgument, "q_lens, cu_seqlens");
+  o.tweak = [](StepParams& p) { p.next_n = 3; };
+  refused(o, StatusCode::kInvalidArgument, "next_n");
+  std::vector<int32_t> short_kv = {40, 1};
+  o.tweak = [&](StepParams& p) { p.kv_lens = t_i32(short_kv.data(), {2}); };
+  refused(o, StatusCode::kInvalidArgument, "kv_lens[1]");
+  std::vector<int32_t> long_kv = {40, 101};
+  o.tweak = [&](StepParams& p) { p.kv_lens = t_i32(long_kv.data(), {2}); };
+  refused(o, StatusCode::kLimitExceeded, "max_context");
+  o.tweak = [](StepParams& p) { p.next_n = 1; };  // T = 4 rows, B * next_n = 2
+  refused(o, StatusCode::kInvalidArgument, "q: expected T = B * next_n");
+  // A plan that tiles a max_context row cannot serve this mode.
+  World wide(tiny_geometry(64), {{2, 40}, {2, 2100}}, 16, 602);
+  PlannerConfig c = config_for(wide, kDefaultScoreBudgetBytes);
+  c.max_next_n = 2;
+  Plan roomy;
+  ASSERT_TRUE(make_plan(c, &roomy).ok());
+  c.score_budget_bytes = roomy.min_score_budget_bytes;
+  Plan tight;
+  ASSERT_TRUE(make_plan(c, &tight).ok());
+  ASSERT_EQ(tight.rows_per_chunk(tight.config.max_context), 0) << "precondition: the minimum budget tiles";
+  Attention a(tight);
+  RunOpts t;
+  t.device_lengths = true;
+  t.attn = &a;
+  const Result r = run_step(wide, t);
+  EXPECT_EQ(r.status.code(), StatusCode::kLimitExceeded) << r.status.to_string();
+  EXPECT_NE(r.status.to_string().find("device_lengths"), std::string::npos) << r.status.to_string();
+  // A run must match the prepared form.
+  Attention b(roomy);
+  RunOpts prep;
+  prep.device_lengths = true;
+  prep.attn = &b;
+  prep.split = 1;
+  ASSERT_TRUE(run_step(wide, prep).status.ok());
+  RunOpts host_run;
+  host_run.attn = &b;
+  host_run.split = 2;
+  const Result hr = run_step(wide, host_run);
+  EXPECT_EQ(hr.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(hr.status.to_string().find("device_lengths"), std::string::npos) << hr.status.to_string();
+}
+
+// ---- engine-shaped inputs: i64 positions, slot mappings, padded tokens ----
+
+// i64 positions equal i32 positions; a slot mapping equal to the block-table slots equals none.
+TEST(LayerStep, I64PositionsAndSlotMappingEqualTheDerivedForms) {
+  World w(tiny_geometry(64), {{3, 40}, {2, 100}, {20, 150}, {1, 1}}, 16, 701);
+  std::vector<int32_t> pos(static_cast<size_t>(w.T));
+  for (int64_t t = 0; t < w.T; ++t) pos[t] = w.row_pos[t] + 7;  // RoPE positions apart from cache positions
+  std::vector<int64_t> slots;
+  for (int64_t t = 0; t < w.T; ++t) slots.push_back(w.slot(w.row_seq[t], w.row_pos[t]));
+  for (IndexerRole role : {IndexerRole::kFull, IndexerRole::kMtp}) {
+    RunOpts a;
+    a.role = role;
+    a.positions = &pos;
+    const Result ref = run_step(w, a);
+    ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
+    RunOpts b = a;
+    b.positions64 = true;
+    b.slot_mapping = &slots;
+    const Result got = run_step(w, b);
+    ASSERT_TRUE(got.status.ok()) << got.status.to_string();
+    EXPECT_TRUE(same_bits(got.out, ref.out));
+    EXPECT_TRUE(same_bits(got.lse, ref.lse));
+    EXPECT_EQ(got.indices, ref.indices);
+    EXPECT_EQ(got.mla, ref.mla);
+    EXPECT_EQ(got.idx, ref.idx);
+  }
+}
+
+// Padded tokens (slot_mapping -1) at the end of a sequence and a sequence of padding only: they
+// are written to neither cache (every other byte as the unpadded step leaves it, theirs as before
+// the step), every other token's outputs are unchanged bit for bit, and their rows are out 0,
+// lse +inf, indices -1. Slot mappings that break the contract are refused before any write.
+TEST(LayerStep, PaddedTokensAreWrittenNowhereAndChangeNothingElse) {
+  World w(tiny_geometry(64), {{3, 40}, {4, 100}, {2, 2}, {1, 80}}, 16, 702);
+  std::vector<int64_t> slots;
+  for (int64_t t = 0; t < w.T; ++t) slots.push_back(w.slot(w.row_seq[t], w.row_pos[t]));
+  std::vector<bool> pad(static_cast<size_t>(w.T), false);
+  // Sequence 0's last token, sequence 1's last two, all of sequence 2 (a padding sequence).
+  for (int64_t t : {int64_t{2}, int64_t{5}, int64_t{6}, int64_t{7}, int64_t{8}}) pad[t] = true;
+  std::vector<int64_t> padded = slots;
+  for (int64_t t = 0; t < w.T; ++t)
+    if (pad[t]) padded[t] = -1;
+  for (IndexerRole role : {IndexerRole::kFull, IndexerRole::kMtp}) {
+    SCOPED_TRACE(role == IndexerRole::kFull ? "full" : "mtp");
+    RunOpts a;
+    a.role = role;
+    const Result ref = run_step(w, a);
+    ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
+    RunOpts b = a;
+    b.slot_mapping = &padded;
+    const Result got = run_step(w, b);
+    ASSERT_TRUE(got.status.ok()) << got.status.to_string();
+    std::vector<uint8_t> want_mla = ref.mla, want_idx = ref.idx;
+    const int64_t mtb = mla_token_bytes(w.dtype);
+    for (int64_t t = 0; t < w.T; ++t) {
+      if (!pad[t]) continue;
+      const int64_t s = slots[t], blk = s / w.page, off = s % w.page;
+      std::memcpy(&want_mla[(blk * w.page + off) * mtb], &w.mla0[(blk * w.page + off) * mtb], static_cast<size_t>(mtb));
+      const int64_t ib = blk * w.page * kIndexerTokenBytes;
+      std::memcpy(&want_idx[ib + off * 128], &w.idx0[ib + off * 128], 128);
+      std::memcpy(&want_idx[ib + w.page * 128 + off * 4], &w.idx0[ib + w.page * 128 + off * 4], 4);
+    }
+    EXPECT_EQ(got.mla, want_mla) << "MLA cache: padded tokens written, or real ones not";
+    EXPECT_EQ(got.idx, want_idx) << "indexer cache: padded tokens written, or real ones not";
+    for (int64_t t = 0; t < w.T; ++t) {
+      const float* o = got.out.data() + t * kH * 512;
+      if (pad[t]) {
+        for (int64_t j = 0; j < kH * 512; ++j) ASSERT_EQ(o[j], 0.0f) << "padded row " << t;
+        for (int64_t h = 0; h < kH; ++h) ASSERT_EQ(got.lse[t * kH + h], std::numeric_limits<float>::infinity());
+        for (int64_t j = 0; j < w.g.topk; ++j) ASSERT_EQ(got.indices[t * w.g.topk + j], -1);
+      } else {
+        ASSERT_EQ(0, std::memcmp(o, ref.out.data() + t * kH * 512, kH * 512 * 4)) << "row " << t;
+        ASSERT_EQ(0, std::memcmp(&got.lse[t * kH], &ref.lse[t * kH], kH * 4)) << "row " << t;
+        ASSERT_EQ(0, std::memcmp(&got.indices[t * w.g.topk], &ref.indices[t * w.g.topk], w.g.topk * 4)) << "row " << t;
+      }
+    }
+  }
+  // Refused, caches untouched: a real token after a padded one; a slot that is not the token's.
+  auto refused = [&](const std::vector<int64_t>& sm, const std::string& needle) {
+    RunOpts o;
+    o.slot_mapping = &sm;
+    const Result r = run_step(w, o);
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << r.status.to_string();
+    EXPECT_NE(r.status.to_string().find(needle), std::string::npos) << r.status.to_string();
+    EXPECT_EQ(r.mla, w.mla0);
+    EXPECT_EQ(r.idx, w.idx0);
+  };
+  std::vector<int64_t> gap = slots;
+  gap[1] = -1;  // sequence 0: token 2 would attend token 1's unwritten key
+  refused(gap, "slot_mapping[2]");
+  std::vector<int64_t> wrong = slots;
+  wrong[4] = slots[3];
+  refused(wrong, "slot_mapping[4]");
 }
 
 // Randomized planner + step (issue 16): random limits, budgets and batches within them, seeded

@@ -199,6 +199,35 @@ TEST(Planner, ReservationComesBeforeTheCache) {
   EXPECT_LT(big.kv_pages, small.kv_pages);
 }
 
+// memory_is_exact: device_memory_bytes is DSA's whole share (workspace + KV), no fraction; by
+// default the KV gets kv_cache_fraction of what the workspace leaves.
+TEST(Planner, MemoryIsExactAppliesNoFraction) {
+  PlannerConfig c;
+  DSA_ASSERT_OK(geometry_preset("glm-5", &c.geometry));
+  c.device_memory_bytes = 80 * kGiB;
+  Plan def, exact;
+  DSA_ASSERT_OK(make_plan(c, &def));
+  EXPECT_EQ(def.kv_budget_bytes, static_cast<int64_t>(std::floor((80 * kGiB - def.workspace_bytes) * 0.9)));
+  c.memory_is_exact = true;
+  c.kv_cache_fraction = 0.5;  // ignored
+  DSA_ASSERT_OK(make_plan(c, &exact));
+  EXPECT_EQ(exact.workspace_bytes, def.workspace_bytes);
+  EXPECT_EQ(exact.kv_budget_bytes, 80 * kGiB - exact.workspace_bytes);
+  const int64_t page_bytes = exact.mla_layers * exact.mla_page_bytes + exact.indexer_layers * exact.indexer_page_bytes;
+  EXPECT_EQ(exact.kv_pages, exact.kv_budget_bytes / page_bytes);
+  EXPECT_LE(exact.workspace_bytes + exact.kv_pages * page_bytes, 80 * kGiB);
+  EXPECT_GT(exact.kv_pages, def.kv_pages);
+  // The smallest memory that works is exact too.
+  c.device_memory_bytes = 2 * kGiB;
+  Plan p;
+  const Status st = make_plan(c, &p);
+  ASSERT_EQ(st.code(), StatusCode::kLimitExceeded);
+  c.device_memory_bytes = number_after(st.message(), "smallest device memory that works is ");
+  DSA_ASSERT_OK(make_plan(c, &p));
+  c.device_memory_bytes -= 1;
+  EXPECT_EQ(make_plan(c, &p).code(), StatusCode::kLimitExceeded);
+}
+
 TEST(Planner, ImpossibleMemoryNamesTheMinimumAndTheMinimumWorks) {
   PlannerConfig c;
   DSA_ASSERT_OK(geometry_preset("glm-5", &c.geometry));

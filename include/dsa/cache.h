@@ -102,4 +102,16 @@ struct ReadMlaCacheParams {
 };
 Status read_mla_cache(const ReadMlaCacheParams& p);
 
+// Read indexer keys back out of an indexer cache (the inverse of write_indexer_cache): the FP8
+// key and its f32 scale of each slot, as written. slots [T] i64; rows of -1 slots (and, on the
+// device, of slots outside the cache) are left untouched.
+struct ReadIndexerCacheParams {
+  IndexerCacheDesc cache;
+  TensorDesc slots;    // [T] i64
+  TensorDesc k;        // [T, 128] e4m3, last dim contiguous
+  TensorDesc k_scale;  // [T] f32
+  void* stream = nullptr;
+};
+Status read_indexer_cache(const ReadIndexerCacheParams& p);
+
 }  // namespace dsa

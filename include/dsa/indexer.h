@@ -30,7 +30,7 @@ Status quantize_fp8(const QuantizeFp8Params& p);
 struct PrepareIndexerQParams {
   TensorDesc q;            // [T, H_idx, 128] f32 or bf16, last dim contiguous
   TensorDesc weights;      // [T, H_idx] f32 or bf16: the per-head gate w
-  TensorDesc positions;    // [T] i32
+  TensorDesc positions;    // [T] i32 or i64
   TensorDesc cos_sin;      // [max_positions, 64] f32
   RopeStyle rope = RopeStyle::kHalfSplit;
   bool hadamard = false;
@@ -45,7 +45,7 @@ Status prepare_indexer_q(const PrepareIndexerQParams& p);
 // scale per token. Feed the result to write_indexer_cache.
 struct PrepareIndexerKParams {
   TensorDesc k;          // [T, 128] f32 or bf16, last dim contiguous
-  TensorDesc positions;  // [T] i32
+  TensorDesc positions;  // [T] i32 or i64
   TensorDesc cos_sin;    // [max_positions, 64] f32
   RopeStyle rope = RopeStyle::kHalfSplit;
   bool hadamard = false;
@@ -86,6 +86,9 @@ Status indexer_logits(const IndexerLogitsParams& p);
 // Key j of sequence b sits at slot block_table[b][j / page] * page + j % page.
 // logits[r, c] = score of key j = col_offset + c; columns with j >= L hold -inf. Only the
 // block-table entries of pages holding computed keys are read (they must be in [0, num_blocks)).
+// skip_rows_up_to (>= 0; 0: off): rows whose L <= skip_rows_up_to are not computed: their logits
+// rows are left as they were and none of their keys or block-table entries is read (pass topk
+// when the logits only feed top-k, which reads no score of a row with L <= k).
 struct IndexerLogitsPagedParams {
   TensorDesc q;            // [R, H_idx, 128] e4m3
   TensorDesc weights;      // [R, H_idx] f32
@@ -96,6 +99,7 @@ struct IndexerLogitsPagedParams {
   TensorDesc row_seq;      // optional [R] i32 (general form)
   TensorDesc row_len;      // optional [R] i32 (general form)
   int64_t col_offset = 0;
+  int64_t skip_rows_up_to = 0;  // rows with L <= this are skipped (logits rows untouched)
   TensorDesc logits;       // [R, W] f32 or bf16, last dim contiguous
   void* stream = nullptr;
 };

@@ -40,9 +40,37 @@ struct StepParams {
   TensorDesc cu_seqlens;   // alternative to q_lens: [B + 1] i32/i64, host memory, 0 = cu[0] <= cu[1] <= ...;
                            // q_len[b] = cu[b + 1] - cu[b] (vLLM query_start_loc, host copy;
                            // SGLang extend_start_loc with extend_seq_lens appended)
-  TensorDesc kv_lens;      // [B] i32, host memory
+  TensorDesc kv_lens;      // [B] i32, host memory (device memory with device_lengths, below)
   TensorDesc block_table;  // [B, max_blocks] i32 on the device: pages of both caches
-  TensorDesc positions;    // optional [T] i32 on the device: RoPE positions (default: cache positions)
+  TensorDesc positions;    // optional [T] i32 or i64 on the device: RoPE positions (default: cache positions)
+
+  // Graph-stable decode. With device_lengths, the batch is B decode sequences of next_n tokens
+  // each (T = B * next_n, q_lens / cu_seqlens not given) and kv_lens is a [B] i32 tensor on the
+  // plan's device, read by the device when the step runs: the row tables are built by a small
+  // kernel inside the step, every row goes down the scored pipeline in chunks of the plan's
+  // max_context width (so the work decomposition depends only on B and next_n), and rows with
+  // kv_len <= topk get the identity selection without being scored (sparse attention over it
+  // is dense attention, SPEC §2). One graph captured at batch size B therefore serves every
+  // later decode step of that size: update kv_lens, block_table, positions and the inputs in
+  // place between replays. The engine keeps next_n <= kv_lens[b] <= min(max_context,
+  // max_blocks * page_size) (values outside are clamped to it on the device, so a bad length
+  // computes garbage but stays in bounds; on the CPU, where kv_lens is host memory, they are
+  // checked like host-planned lengths). Shared layers read indices_in on every row. Needs a
+  // plan that scores a max_context row whole (Plan::rows_per_chunk(max_context) >= 1).
+  // Prefill and mixed batches stay host-planned (device_lengths = false).
+  bool device_lengths = false;
+  int64_t next_n = 0;      // device_lengths: tokens per sequence, 1 .. plan max_next_n
+
+  // Optional [T] i64 cache slot per token (vLLM slot_mapping, SGLang out_cache_loc), on the
+  // plan's device, the same for every layer of a step. A slot >= 0 must be the token's slot in
+  // the block table (block_table[seq][pos / page] * page + pos % page: attention reads keys
+  // through the block table); -1 marks a padded token: it is written to neither cache and its
+  // output rows are defined as out = 0, lse = +inf, indices_out = -1. No other token of the
+  // step may attend a padded one, so padding goes at the end of a sequence (or in a sequence of
+  // its own); its sequence's block-table row must still name valid pages (they are read, never
+  // written). Host-resident slot mappings (CPU) are checked against all of this before
+  // anything is written; on CUDA they are the engine's to keep.
+  TensorDesc slot_mapping;
 
   // The new tokens' inputs.
   TensorDesc kv_c;         // [T, 512] bf16/f32: MLA latent
@@ -109,10 +137,12 @@ struct StepReport {
 // (cudaStreamBeginCapture on p.stream, any capture mode) and replayed. Per-step metadata is
 // copied with cudaMemcpyAsync from pinned host staging the object allocated at construction;
 // every copy of one step reads its own region of it.
-//   * A captured step replays exactly the batch it captured: routing, chunking and tiling are
-//     decided on the host at capture time, and the graph reads the metadata that step wrote
+//   * A host-planned step replays exactly the batch it captured: routing, chunking and tiling
+//     are decided on the host at capture time, and the graph reads the metadata that step wrote
 //     into this object's staging. Replays recompute from the inputs' current contents (caches,
-//     q, ...) at the same addresses; a different batch shape needs another capture.
+//     q, ...) at the same addresses; a different batch needs another capture. A decode step in
+//     the graph-stable form (StepParams::device_lengths) reads its lengths on the device: one
+//     capture per batch size serves every later decode step of that size.
 //   * While a graph captured from it may be replayed, the object must run no other step (that
 //     would rewrite the staging the graph reads): one Attention object per captured graph,
 //     which is how engines capture per batch shape. Destroy the object only after the graph.

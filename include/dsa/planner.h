@@ -32,8 +32,14 @@ struct PlannerConfig {
   int64_t max_context = 0;                         // kv_len bound; 0: geometry.max_positions
   int64_t max_next_n = 1;                          // decode tokens per sequence (MTP drafts + 1)
   int64_t score_budget_bytes = kDefaultScoreBudgetBytes;
+  // Memory semantics: the KV cache gets kv_cache_fraction of (device_memory_bytes - workspace),
+  // the rest being headroom for everything else on the device (activations, weights' temps).
+  // memory_is_exact = true: device_memory_bytes is exactly what DSA may use (an engine that
+  // budgeted its memory already): the KV gets all of (device_memory_bytes - workspace) and
+  // kv_cache_fraction is ignored.
   int64_t device_memory_bytes = 0;                 // memory for workspace + KV; 0: size no KV cache
   double kv_cache_fraction = 0.9;                  // share of (memory - workspace) the KV may take
+  bool memory_is_exact = false;                    // true: no fraction (kv_cache_fraction ignored)
   Device device{};
 };
 
@@ -65,7 +71,7 @@ struct Plan {
   int64_t indexer_layers = 0;      // layers with an indexer cache (full + MTP; shared own none)
   int64_t mla_page_bytes = 0;      // one page of one layer
   int64_t indexer_page_bytes = 0;
-  int64_t kv_budget_bytes = 0;     // (device_memory - workspace) * kv_cache_fraction
+  int64_t kv_budget_bytes = 0;     // (device_memory - workspace) * fraction (1 with memory_is_exact)
   int64_t kv_pages = 0;            // pages per layer: every layer's caches hold this many
   int64_t kv_tokens = 0;           // kv_pages * page_size
   int64_t mla_cache_bytes = 0;     // all layers

@@ -50,20 +50,24 @@ class Planner:
 
     geometry: a preset name ('deepseek-v3.2', 'glm-5', 'glm-5.2') or a dict like
     dsa.geometry_preset() returns. Byte sizes take ints or strings ('512MiB', '141GiB').
-    device: 'cpu', 'cuda' or 'cuda:N'. plan() raises ValueError for limits the score budget cannot
+    device: 'cpu', 'cuda' or 'cuda:N'. Memory: the KV cache gets kv_cache_fraction (default 0.9) of
+    device_memory_bytes less the workspace; memory_is_exact=True gives it all of that (device_memory_bytes
+    is exactly DSA's share). plan.as_dict()["geometry"] has every geometry field, overrides included.
+    plan() raises ValueError for limits the score budget cannot
     serve, naming the smallest budget that works.
     """
 
     def __init__(self, geometry="deepseek-v3.2", *, cache_dtype="bf16", page_size=64, max_tokens_per_step=8192,
                  max_seqs_per_step=256, max_context=0, max_next_n=1, score_budget_bytes=512 << 20,
-                 device_memory_bytes=0, kv_cache_fraction=0.9, device="cpu"):
+                 device_memory_bytes=0, kv_cache_fraction=0.9, memory_is_exact=False, device="cpu"):
         self.geometry = geometry
         self.config = dict(cache_dtype=cache_dtype, page_size=int(page_size),
                            max_tokens_per_step=int(max_tokens_per_step), max_seqs_per_step=int(max_seqs_per_step),
                            max_context=int(max_context), max_next_n=int(max_next_n),
                            score_budget_bytes=_bytes("score_budget_bytes", score_budget_bytes),
                            device_memory_bytes=_bytes("device_memory_bytes", device_memory_bytes),
-                           kv_cache_fraction=float(kv_cache_fraction), device=str(device))
+                           kv_cache_fraction=float(kv_cache_fraction), memory_is_exact=bool(memory_is_exact),
+                           device=str(device))
 
     def plan(self):
         return Plan(_dsa.make_plan(self.geometry, dict(self.config)))
@@ -72,6 +76,18 @@ class Planner:
 def plan(geometry="deepseek-v3.2", **limits):
     """Planner(geometry, **limits).plan()."""
     return Planner(geometry, **limits).plan()
+
+
+def _next_n(op, next_n, q_lens, cu_seqlens):
+    """0 (host-planned) or the graph-stable decode form's tokens per sequence."""
+    if next_n is None:
+        return 0
+    if isinstance(next_n, bool) or not isinstance(next_n, int) or next_n < 1:
+        raise ValueError("Attention.%s: next_n: expected an int >= 1 (graph-stable decode), got %r" % (op, next_n))
+    if q_lens is not None or cu_seqlens is not None:
+        raise ValueError("Attention.%s: q_lens, cu_seqlens: expected None with next_n (every sequence has next_n "
+                         "tokens)" % op)
+    return next_n
 
 
 class Attention:
@@ -90,7 +106,8 @@ class Attention:
     def step(self, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, *, role="full", index_q=None,
              index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
              attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
-             lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None):
+             lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None, next_n=None,
+             slot_mapping=None):
         """One step of the layer (SPEC 6): writes the new tokens into mla_cache (and index_cache),
         routes each sequence (dense when kv_len <= topk and nothing consumes its indices, else
         scored sparse; 'shared' layers reuse indices_in), and attends.
@@ -106,17 +123,30 @@ class Attention:
         route, chunks, tiles, workspace and score-region high-water marks, per-stage host ms
         ms_*, host_us; with time_stages=True on CUDA also GPU ms per stage gpu_ms_*, gpu_timed True
         when they were measured: the step then waits for its last stage; ignored while capturing).
+
+        Graph-stable decode: next_n=N (with q_lens=None) makes the batch B sequences of N tokens
+        each with kv_lens a [B] i32 tensor on the plan's device, read by the device; one CUDA graph
+        captured at batch size B then serves every later decode step of that size (update kv_lens,
+        block_table, positions and the inputs in place between replays). See
+        docs/engine-integration.md.
+
+        slot_mapping ([T] int64 on the plan's device, optional): each token's cache slot (vLLM
+        slot_mapping, SGLang out_cache_loc), equal to its block-table slot, or -1 for a padded token:
+        written nowhere, its rows out = 0, lse = +inf, indices_out = -1; padding goes at the end of a
+        sequence (no other token may attend it).
         """
         return self._layer("step", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
                            index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,
-                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens)
+                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n,
+                           slot_mapping)
 
     def prepare(self, q_lens, kv_lens, block_table, *, positions=None, workspace=None, stream=None,
-                time_stages=False, cu_seqlens=None):
+                time_stages=False, cu_seqlens=None, next_n=None):
         """Plan once per step: validates the batch (q_lens, kv_lens, block_table, positions), builds
         its row tables and uploads them into the workspace, once for all layers of the step. Then
         run(...) each layer with the same batch arguments. The workspace is this object's (one
         for every layer; allocated in block_table's framework and device) unless given.
+        next_n=N (q_lens=None): the graph-stable decode form (see step).
         Returns the report dict (host_us: the host cost of the preparation)."""
         op = "prepare"
         _shape(op, "block_table", block_table, 2, "[B, max_blocks]")
@@ -124,20 +154,23 @@ class Attention:
         workspace = self._workspace_for(ctx, workspace)
         p = ctx.prep
         args = dict(q_lens=p(q_lens), cu_seqlens=p(cu_seqlens), kv_lens=p(kv_lens), block_table=p(block_table),
-                    positions=p(positions), workspace=p(workspace), time_stages=bool(time_stages))
+                    positions=p(positions), workspace=p(workspace), time_stages=bool(time_stages),
+                    next_n=_next_n(op, next_n, q_lens, cu_seqlens))
         with ctx.device_guard():
             return self._impl.step(args, ctx.stream, "prepare")
 
     def run(self, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, *, role="full", index_q=None,
             index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
             attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
-            lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None):
+            lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None, next_n=None,
+            slot_mapping=None):
         """Run per layer: one layer over the batch prepare() prepared, with step()'s arguments; the
         batch arguments (q_lens, kv_lens, block_table, positions, workspace) must be prepare's.
         Returns (out, lse, report); report["host_us"] is the layer's host cost."""
         return self._layer("run", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
                            index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,
-                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens)
+                           indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n,
+                           slot_mapping)
 
     def _workspace_for(self, ctx, workspace):
         if workspace is None and self.plan.workspace_bytes > 0:
@@ -150,7 +183,7 @@ class Attention:
 
     def _layer(self, op, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k, index_w,
                cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in, indices_out,
-               force_score, out, lse, workspace, stream, time_stages, cu_seqlens):
+               force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n=None, slot_mapping=None):
         T, H, _ = _shape(op, "q", q, 3, "[T, H, 576]")
         ctx = Context(op, q, "q", stream)
         if out is None:
@@ -165,7 +198,8 @@ class Attention:
                     attn_sink=p(attn_sink), sm_scale=float(sm_scale), mla_cache=p(mla_cache),
                     index_cache=p(index_cache), indices_in=p(indices_in), indices_out=p(indices_out),
                     force_score=bool(force_score), out=p(out), lse=p(lse), workspace=p(workspace),
-                    time_stages=bool(time_stages))
+                    time_stages=bool(time_stages), next_n=_next_n(op, next_n, q_lens, cu_seqlens),
+                    slot_mapping=p(slot_mapping))
         with ctx.device_guard():
             report = self._impl.step(args, ctx.stream, op)
         return out, lse, report

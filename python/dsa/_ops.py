@@ -362,6 +362,25 @@ def read_mla_cache(cache, slots, *, cache_dtype=None, page_size=None, out=None, 
     return out
 
 
+def read_indexer_cache(cache, slots, *, page_size=None, k=None, k_scale=None, stream=None):
+    """Read indexer keys back out of an indexer cache (the inverse of write_indexer_cache).
+
+    slots: [T] i64 cache slots. Returns (k [T, 128] e4m3 bytes, k_scale [T] f32), as written;
+    rows of invalid slots (-1) are left untouched in k / k_scale.
+    """
+    op = "read_indexer_cache"
+    T = _shape(op, "slots", slots, 1, "[T]")[0]
+    ctx = Context(op, cache, "cache", stream)
+    if k is None:
+        k = ctx.empty((T, 128), "u8")
+    if k_scale is None:
+        k_scale = ctx.empty((T,), "f32")
+    with ctx.device_guard():
+        _dsa.read_indexer_cache(ctx.prep(cache), _page_size(op, page_size), ctx.prep(slots), ctx.prep(k),
+                                ctx.prep(k_scale), ctx.stream)
+    return k, k_scale
+
+
 # ---- attention -----------------------------------------------------------------------------------
 
 def _attn_outputs(ctx, op, q, out, lse):

@@ -148,6 +148,29 @@ py::dict plan_dict(const dsa::Plan& p) {
   cfg["score_budget_bytes"] = c.score_budget_bytes;
   cfg["device_memory_bytes"] = c.device_memory_bytes;
   cfg["kv_cache_fraction"] = c.kv_cache_fraction;
+  cfg["memory_is_exact"] = c.memory_is_exact;
+  {
+    // The geometry the plan was made for, every field (preset values and overrides alike).
+    const dsa::ModelGeometry& g = c.geometry;
+    py::dict gd;
+    gd["name"] = g.name;
+    gd["num_heads"] = g.num_heads;
+    gd["kv_lora_rank"] = g.kv_lora_rank;
+    gd["qk_rope_head_dim"] = g.qk_rope_head_dim;
+    gd["qk_nope_head_dim"] = g.qk_nope_head_dim;
+    gd["v_head_dim"] = g.v_head_dim;
+    gd["q_lora_rank"] = g.q_lora_rank;
+    gd["index_heads"] = g.index_heads;
+    gd["index_head_dim"] = g.index_head_dim;
+    gd["topk"] = g.topk;
+    gd["index_rope"] = g.index_rope == dsa::RopeStyle::kInterleaved ? "interleaved" : "half_split";
+    gd["num_layers"] = g.num_layers;
+    gd["num_mtp_layers"] = g.num_mtp_layers;
+    gd["shared_indexer_pattern"] = g.shared_indexer_pattern;
+    gd["max_positions"] = g.max_positions;
+    gd["sm_scale"] = g.sm_scale;
+    d["geometry"] = gd;
+  }
   cfg["device"] = c.device.type == dsa::DeviceType::kCUDA ? "cuda:" + std::to_string(c.device.index) : "cpu";
   d["config"] = cfg;
 #define DSA_PY_FIELD(f) d[#f] = p.f
@@ -258,6 +281,7 @@ void bind_layer(py::module_& m) {
     cfg.score_budget_bytes = get<int64_t>(c, "score_budget_bytes", cfg.score_budget_bytes);
     cfg.device_memory_bytes = get<int64_t>(c, "device_memory_bytes", cfg.device_memory_bytes);
     cfg.kv_cache_fraction = get<double>(c, "kv_cache_fraction", cfg.kv_cache_fraction);
+    cfg.memory_is_exact = get<bool>(c, "memory_is_exact", cfg.memory_is_exact);
     cfg.device = device_from(get<std::string>(c, "device", "cpu"));
     dsa::Plan plan;
     check(dsa::make_plan(cfg, &plan));
@@ -290,8 +314,11 @@ void bind_layer(py::module_& m) {
         p.q_lens = im.tensor(item(a, "q_lens"), "q_lens");
         p.cu_seqlens = im.tensor(item(a, "cu_seqlens"), "cu_seqlens");
         p.kv_lens = im.tensor(item(a, "kv_lens"), "kv_lens");
+        p.next_n = get<int64_t>(a, "next_n", 0);
+        p.device_lengths = p.next_n > 0;  // graph-stable decode (dsa/layer.h)
         p.block_table = im.tensor(item(a, "block_table"), "block_table");
         p.positions = im.tensor(item(a, "positions"), "positions");
+        p.slot_mapping = im.tensor(item(a, "slot_mapping"), "slot_mapping");
         p.kv_c = im.tensor(item(a, "kv_c"), "kv_c", Reinterpret::kBF16);
         p.k_pe = im.tensor(item(a, "k_pe"), "k_pe", Reinterpret::kBF16);
         p.q = im.tensor(item(a, "q"), "q", Reinterpret::kBF16);

@@ -296,6 +296,18 @@ PYBIND11_MODULE(_dsa, m) {
     check(run_nogil([&] { return dsa::read_mla_cache(p); }));
   });
 
+  m.def("read_indexer_cache", [](py::object cache, int64_t page_size, py::object slots, py::object k,
+                                 py::object k_scale, uintptr_t stream) {
+    Importer im("read_indexer_cache", stream);
+    dsa::ReadIndexerCacheParams p;
+    p.cache = im.indexer_cache(cache, "cache", page_size);
+    p.slots = im.tensor(slots, "slots");
+    p.k = im.tensor(k, "k", Reinterpret::kE4M3, true);
+    p.k_scale = im.tensor(k_scale, "k_scale", Reinterpret::kNone, true);
+    p.stream = as_stream(stream);
+    check(run_nogil([&] { return dsa::read_indexer_cache(p); }));
+  });
+
   // ---- attention ----------------------------------------------------------------------------
   // kv: a flat [S, 576] tensor (2 dims) or a paged MLA cache (3 dims).
   auto mla_kv = [](Importer& im, py::object kv, int cache_dtype, int64_t page_size) {

@@ -141,7 +141,8 @@ def test_prep_errors():
     with raises(ValueError, "prepare_indexer_q", "q"):
         dsa.prepare_indexer_q(q[:, :, :64], w, pos, cs)
     with raises(TypeError, "prepare_indexer_q", "positions"):
-        dsa.prepare_indexer_q(q, w, pos.astype(np.int64), cs)
+        dsa.prepare_indexer_q(q, w, pos.astype(np.float32), cs)
+    dsa.prepare_indexer_q(q, w, pos.astype(np.int64), cs)  # i64 positions (engines' dtype) are accepted
     with raises(ValueError, "quantize_fp8", "group"):
         dsa.quantize_fp8(np.zeros((1, 128), np.float32), 0)
     with raises(ValueError, "quantize_fp8", "x"):

@@ -30,11 +30,11 @@ def test_plan_reports_and_refuses():
         dsa.plan(score_budget_bytes=1)  # cannot serve the limits: names the smallest budget
 
 
-def _step_case(seed=60):
+def _step_case(seed=60, q=(3, 2), kv=(10, 100)):
     r = rng(seed)
     page = 16
-    q_lens = np.array([3, 2], np.int32)
-    kv_lens = np.array([10, 100], np.int32)  # seq 0: kv_len <= topk (dense); seq 1: sparse
+    q_lens = np.array(q, np.int32)
+    kv_lens = np.array(kv, np.int32)  # seq 0: kv_len <= topk (dense); seq 1: sparse
     block_table = np.array([[6, -1, -1, -1, -1, -1, -1], [0, 1, 2, 3, 4, 5, 7]], np.int32)
     mla = np.zeros((8, page, 1152), np.uint8)
     idx_cache = np.zeros((8, page, 132), np.uint8)
@@ -148,3 +148,77 @@ def test_prepare_once_run_per_layer_equals_step():
     with pytest.raises(ValueError, match="kv_lens"):
         attn.run(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens + 1, table, mla, index_cache=idx_cache,
                  **layer_args)
+
+
+def test_device_lengths_decode_equals_the_host_planned_step():
+    # Graph-stable decode (next_n=, q_lens=None): every row scored, short rows the identity;
+    # equal bit for bit to the host-planned step that scores everything (force_score).
+    q_lens, kv_lens, table, mla, idx_cache, cos_sin, new = _step_case(seed=63, q=(2, 2), kv=(10, 100))
+    plan = dsa.plan(GEOM, page_size=16, max_tokens_per_step=4, max_seqs_per_step=2, max_context=112, max_next_n=2)
+    T = new["q"].shape[0]
+    layer_args = dict(index_q=new["index_q"], index_k=new["index_k"], index_w=new["index_w"], cos_sin=cos_sin,
+                      sm_scale=0.1)
+    ref_mla, ref_idx, ref_ind = mla.copy(), idx_cache.copy(), np.full((T, 64), -7, np.int32)
+    ref_out, ref_lse, _ = dsa.Attention(plan).step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table,
+                                                   ref_mla, index_cache=ref_idx, indices_out=ref_ind,
+                                                   force_score=True, **layer_args)
+    attn = dsa.Attention(plan)
+    attn.prepare(None, kv_lens, table, next_n=2)
+    ind = np.full((T, 64), -7, np.int32)
+    out, lse, rep = attn.run(new["q"], new["kv_c"], new["k_pe"], None, kv_lens, table, mla, index_cache=idx_cache,
+                             indices_out=ind, next_n=2, **layer_args)
+    assert rep["seqs"]["dense"] == 0 and rep["rows"]["sparse"] == T
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(lse, ref_lse)
+    np.testing.assert_array_equal(ind, ref_ind)
+    np.testing.assert_array_equal(mla, ref_mla)
+    np.testing.assert_array_equal(idx_cache, ref_idx)
+    with pytest.raises(ValueError, match="q_lens, cu_seqlens"):
+        attn.prepare(q_lens, kv_lens, table, next_n=2)
+    with pytest.raises(ValueError, match="next_n"):
+        attn.prepare(None, kv_lens, table, next_n=3)
+
+
+def test_plan_dict_shows_the_geometry_and_memory_semantics():
+    p = dsa.plan(dict(name="glm-5", num_heads=4, topk=512), max_context=8192, device_memory_bytes="8GiB")
+    d = p.as_dict()
+    assert d["geometry"]["name"] == "glm-5" and d["geometry"]["num_heads"] == 4 and d["geometry"]["topk"] == 512
+    assert d["geometry"]["index_rope"] in ("interleaved", "half_split")
+    assert d["config"]["memory_is_exact"] is False and d["config"]["kv_cache_fraction"] == 0.9
+    e = dsa.plan(dict(name="glm-5", num_heads=4, topk=512), max_context=8192, device_memory_bytes="8GiB",
+                 memory_is_exact=True)
+    assert e.as_dict()["config"]["memory_is_exact"] is True
+    assert e.kv_budget_bytes == (8 << 30) - e.workspace_bytes > p.kv_budget_bytes
+
+
+def test_slot_mapping_i64_positions_and_padded_tokens():
+    q_lens, kv_lens, table, mla, idx_cache, cos_sin, new = _step_case(seed=64)
+    plan = dsa.plan(GEOM, page_size=16, max_tokens_per_step=64, max_seqs_per_step=4, max_context=112)
+    T = new["q"].shape[0]
+    args = dict(index_q=new["index_q"], index_k=new["index_k"], index_w=new["index_w"], cos_sin=cos_sin, sm_scale=0.1)
+    pos = np.concatenate([np.arange(k - q, k) for q, k in zip(q_lens, kv_lens)]).astype(np.int64)
+    seq = np.repeat(np.arange(len(q_lens)), q_lens)
+    slots = np.array([table[s, p // 16] * 16 + p % 16 for s, p in zip(seq, pos)], np.int64)
+    ref_mla, ref_idx, ref_ind = mla.copy(), idx_cache.copy(), np.full((T, 64), -7, np.int32)
+    ref_out, ref_lse, _ = dsa.Attention(plan).step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, ref_mla,
+                                                   index_cache=ref_idx, indices_out=ref_ind, **args)
+    m, c, ind = mla.copy(), idx_cache.copy(), np.full((T, 64), -7, np.int32)
+    out, lse, _ = dsa.Attention(plan).step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, m,
+                                           index_cache=c, indices_out=ind, positions=pos, slot_mapping=slots, **args)
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(m, ref_mla)
+    # The last token of each sequence padded: written nowhere, rows 0 / +inf / -1, others unchanged.
+    padded = slots.copy()
+    last = np.cumsum(q_lens) - 1
+    padded[last] = -1
+    m, c, ind = mla.copy(), idx_cache.copy(), np.full((T, 64), -7, np.int32)
+    out, lse, _ = dsa.Attention(plan).step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, m,
+                                           index_cache=c, indices_out=ind, slot_mapping=padded, **args)
+    real = np.setdiff1d(np.arange(T), last)
+    np.testing.assert_array_equal(out[real], ref_out[real])
+    np.testing.assert_array_equal(lse[real], ref_lse[real])
+    np.testing.assert_array_equal(ind[real], ref_ind[real])
+    assert (out[last] == 0).all() and np.isposinf(lse[last]).all() and (ind[last] == -1).all()
+    flat, ref_flat, old_flat = m.reshape(-1, 1152), ref_mla.reshape(-1, 1152), mla.reshape(-1, 1152)
+    np.testing.assert_array_equal(flat[slots[last]], old_flat[slots[last]])
+    np.testing.assert_array_equal(flat[slots[real]], ref_flat[slots[real]])

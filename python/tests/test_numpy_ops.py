@@ -527,3 +527,18 @@ def test_runtime_facts():
     assert dsa.num_threads() == 1
     dsa.set_num_threads(0)
     assert dsa.num_threads() == n
+
+
+def test_read_indexer_cache_is_the_inverse_of_the_write():
+    r = np.random.default_rng(81)
+    page, blocks, T = 16, 4, 20
+    k8 = r.integers(0, 256, (T, 128), dtype=np.uint8)
+    ks = np.exp2(r.integers(-10, 3, T)).astype(np.float32)
+    slots = r.permutation(page * blocks)[:T].astype(np.int64)
+    cache = np.zeros((blocks, page, 132), np.uint8)
+    dsa.write_indexer_cache(k8, ks, cache, slots)
+    k_back, s_back = dsa.read_indexer_cache(cache, slots)
+    np.testing.assert_array_equal(np.asarray(k_back).view(np.uint8), k8)
+    np.testing.assert_array_equal(s_back, ks)
+    with pytest.raises(ValueError, match="read_indexer_cache"):
+        dsa.read_indexer_cache(cache, np.array([page * blocks], np.int64))

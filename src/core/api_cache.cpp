@@ -158,4 +158,24 @@ Status read_mla_cache(const ReadMlaCacheParams& p) {
   return core::backend_status(op, dev, DSA_DISPATCH(dev, read_mla_cache, p));
 }
 
+Status read_indexer_cache(const ReadIndexerCacheParams& p) {
+  const char* op = "read_indexer_cache";
+  core::ArgCheck c(op);
+  c.indexer_cache(p.cache, "cache");
+  c.tensor(p.slots, "slots", {DType::kI64}, {"T"}, false);
+  if (!c.ok()) return c.status();
+  const int64_t T = p.slots.shape[0];
+  c.tensor(p.k, "k", {DType::kE4M3}, {{T, "T"}, {kIndexHeadDim, "128"}});
+  c.tensor(p.k_scale, "k_scale", {DType::kF32}, {{T, "T"}}, false);
+  if (!c.ok()) return c.status();
+  Device dev;
+  Status st = core::pick_device(op, {{&p.slots, "slots"}, {&p.k, "k"}, {&p.k_scale, "k_scale"}}, &dev, {&p.cache.device});
+  if (!st.ok()) return st;
+  CacheSlots where;
+  where.slots = p.slots;
+  st = check_where_contents(op, where, T, p.cache.num_blocks, p.cache.page_size);
+  if (!st.ok()) return st;
+  return core::backend_status(op, dev, DSA_DISPATCH(dev, read_indexer_cache, p));
+}
+
 }  // namespace dsa

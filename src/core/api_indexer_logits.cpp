@@ -92,6 +92,7 @@ Status indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   c.output(p.logits, "logits", {DType::kF32, DType::kBF16}, {{R, "R"}, "W"});
   c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
             "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
+  c.require(p.skip_rows_up_to >= 0, "skip_rows_up_to", "expected >= 0, got " + std::to_string(p.skip_rows_up_to));
   c.disjoint(p.logits, "logits", p.q, "q").disjoint(p.logits, "logits", p.weights, "weights");
   c.disjoint(p.logits, "logits", core::cache_bytes(p.cache), "cache");
   c.disjoint(p.logits, "logits", p.block_table, "block_table").disjoint(p.logits, "logits", p.kv_lens, "kv_lens");
@@ -108,6 +109,7 @@ Status indexer_logits_paged(const IndexerLogitsPagedParams& p) {
     // Largest key count any row of each sequence reads (within the computed columns).
     std::vector<int64_t> reads(static_cast<size_t>(B), 0);
     auto row_reads = [&](int64_t seq, int64_t len) {
+      if (p.skip_rows_up_to > 0 && len <= p.skip_rows_up_to) return;  // skipped: reads nothing
       const int64_t last = std::min(len, p.col_offset + W);  // keys [col_offset, last)
       if (last > p.col_offset) reads[seq] = std::max(reads[seq], last);
     };

@@ -13,9 +13,9 @@ namespace {
 // For host tensors: every position must index a row of cos_sin.
 Status check_positions(const char* op, const TensorDesc& positions, int64_t max_positions) {
   if (positions.device.type != DeviceType::kCPU) return Status::Ok();
-  const int32_t* pos = positions.ptr<const int32_t>();
   for (int64_t t = 0; t < positions.shape[0]; ++t) {
-    int32_t v = pos[t * positions.stride[0]];
+    const int64_t v = positions.dtype == DType::kI64 ? positions.ptr<const int64_t>()[t * positions.stride[0]]
+                                                     : positions.ptr<const int32_t>()[t * positions.stride[0]];
     if (v < 0 || v >= max_positions) {
       return Status(StatusCode::kInvalidArgument,
                     std::string(op) + ": positions: expected 0 <= positions[t] < max_positions = " +
@@ -58,7 +58,7 @@ Status prepare_indexer_q(const PrepareIndexerQParams& p) {
   const int64_t T = p.q.shape[0], H = p.q.shape[1];
   c.require(H > 0, "q", "expected H_idx > 0 heads, got shape " + core::shape_string(p.q));
   c.tensor(p.weights, "weights", {DType::kF32, DType::kBF16}, {{T, "T"}, {H, "H_idx"}}, false);
-  c.tensor(p.positions, "positions", {DType::kI32}, {{T, "T"}}, false);
+  c.tensor(p.positions, "positions", {DType::kI32, DType::kI64}, {{T, "T"}}, false);
   c.tensor(p.cos_sin, "cos_sin", {DType::kF32}, {"max_positions", {kIndexRopeDim, "64"}});
   c.require(rope_style_ok(p.rope), "rope", "expected kHalfSplit or kInterleaved");
   c.output(p.q_out, "q_out", {DType::kE4M3}, {{T, "T"}, {H, "H_idx"}, {kIndexHeadDim, "128"}});
@@ -87,7 +87,7 @@ Status prepare_indexer_k(const PrepareIndexerKParams& p) {
   c.tensor(p.k, "k", {DType::kF32, DType::kBF16}, {"T", {kIndexHeadDim, "128"}});
   if (!c.ok()) return c.status();
   const int64_t T = p.k.shape[0];
-  c.tensor(p.positions, "positions", {DType::kI32}, {{T, "T"}}, false);
+  c.tensor(p.positions, "positions", {DType::kI32, DType::kI64}, {{T, "T"}}, false);
   c.tensor(p.cos_sin, "cos_sin", {DType::kF32}, {"max_positions", {kIndexRopeDim, "64"}});
   c.require(rope_style_ok(p.rope), "rope", "expected kHalfSplit or kInterleaved");
   c.output(p.k_out, "k_out", {DType::kE4M3}, {{T, "T"}, {kIndexHeadDim, "128"}});

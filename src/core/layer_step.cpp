@@ -51,7 +51,9 @@ Status run_layer(st::Step& s, SlotRelease& release, bool check_batch) {
   if (!(status = st::write_caches(s)).ok()) return status;
   status = st::for_each_run(s, [&](const st::Run& run) { return run.dense ? st::dense_attend(s, run) : Status::Ok(); });
   if (!status.ok()) return status;
-  return st::for_each_run(s, [&](const st::Run& run) { return run.dense ? Status::Ok() : st::sparse_run(s, run); });
+  status = st::for_each_run(s, [&](const st::Run& run) { return run.dense ? Status::Ok() : st::sparse_run(s, run); });
+  if (!status.ok() || !s.p.slot_mapping.present()) return status;
+  return st::mask_padded(s);
 }
 
 // The report of a call that got past validation: high-water marks, GPU stage times (waiting

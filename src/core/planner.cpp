@@ -123,7 +123,7 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
                  num(g.max_positions) + " (" + g.name + ")");
   if (c.score_budget_bytes <= 0) return invalid("score_budget_bytes: expected > 0, got " + num(c.score_budget_bytes));
   if (c.device_memory_bytes < 0) return invalid("device_memory_bytes: expected >= 0, got " + num(c.device_memory_bytes));
-  if (!(c.kv_cache_fraction > 0.0 && c.kv_cache_fraction <= 1.0))
+  if (!c.memory_is_exact && !(c.kv_cache_fraction > 0.0 && c.kv_cache_fraction <= 1.0))
     return invalid("kv_cache_fraction: expected in (0, 1], got " + std::to_string(c.kv_cache_fraction));
   // Rows are i32 everywhere: the product is checked, never wrapped (it can overflow int64).
   const int64_t decode_rows = core::saturating_mul(c.max_seqs_per_step, c.max_next_n);
@@ -206,17 +206,18 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
                                                        core::saturating_mul(p.indexer_layers, p.indexer_page_bytes));
   if (page_all_layers == std::numeric_limits<int64_t>::max())
     return invalid("geometry.num_layers: the bytes of one page over all layers overflow int64");
+  const double fraction = c.memory_is_exact ? 1.0 : c.kv_cache_fraction;
   if (c.device_memory_bytes > 0 && page_all_layers > 0) {
     const int64_t need_pages = (L + c.page_size - 1) / c.page_size;  // one sequence of max_context
     auto pages_for = [&](int64_t mem) -> int64_t {
       if (mem <= p.workspace_bytes) return 0;
-      const double kv = std::floor(static_cast<double>(mem - p.workspace_bytes) * c.kv_cache_fraction);
+      const double kv = std::floor(static_cast<double>(mem - p.workspace_bytes) * fraction);
       return static_cast<int64_t>(kv) / page_all_layers;
     };
     if (pages_for(c.device_memory_bytes) < need_pages) {
       const double need_mem = static_cast<double>(p.workspace_bytes) +
                               std::ceil(static_cast<double>(need_pages) * static_cast<double>(page_all_layers) /
-                                        c.kv_cache_fraction);
+                                        fraction);
       if (!(need_mem < 9.0e18))
         return limit("device_memory_bytes: one sequence of max_context = " + num(L) + " needs more than 2^63 bytes of KV cache");
       int64_t mem = static_cast<int64_t>(need_mem);
@@ -229,7 +230,7 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
                    bytes_str(mem));
     }
     p.kv_budget_bytes = static_cast<int64_t>(
-        std::floor(static_cast<double>(c.device_memory_bytes - p.workspace_bytes) * c.kv_cache_fraction));
+        std::floor(static_cast<double>(c.device_memory_bytes - p.workspace_bytes) * fraction));
     // Cache slots are i32 (SPEC §3.6 indices): no more pages than i32 can address.
     const int64_t max_pages = std::numeric_limits<int32_t>::max() / c.page_size;
     p.kv_pages = std::min(p.kv_budget_bytes / page_all_layers, max_pages);

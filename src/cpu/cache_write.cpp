@@ -107,6 +107,26 @@ StatusCode write_mla_cache(const WriteMlaCacheParams& p) {
   });
 }
 
+StatusCode read_indexer_cache(const ReadIndexerCacheParams& p) {
+  const int64_t T = p.slots.shape[0];
+  const int64_t page = p.cache.page_size, block_bytes = p.cache.block_bytes();
+  const uint8_t* base = static_cast<const uint8_t*>(p.cache.data);
+  const int64_t* slots = p.slots.ptr<const int64_t>();
+  uint8_t* k = p.k.ptr<uint8_t>();
+  float* ks = p.k_scale.ptr<float>();
+  parallel_for(T, kTokenGrain, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t slot = slots[t * p.slots.stride[0]];
+      if (slot < 0) continue;
+      const uint8_t* blk = base + (slot / page) * block_bytes;
+      const int64_t off = slot % page;
+      std::memcpy(k + t * p.k.stride[0], blk + off * kIndexHeadDim, kIndexHeadDim);
+      std::memcpy(&ks[t * p.k_scale.stride[0]], blk + page * kIndexHeadDim + off * 4, 4);
+    }
+  });
+  return StatusCode::kOk;
+}
+
 StatusCode read_mla_cache(const ReadMlaCacheParams& p) {
   const int64_t T = p.slots.shape[0];
   const int64_t page = p.cache.page_size, block_bytes = p.cache.block_bytes();

@@ -18,6 +18,7 @@ StatusCode prepare_indexer_k(const PrepareIndexerKParams& p);
 StatusCode write_indexer_cache(const WriteIndexerCacheParams& p);
 StatusCode write_mla_cache(const WriteMlaCacheParams& p);
 StatusCode read_mla_cache(const ReadMlaCacheParams& p);
+StatusCode read_indexer_cache(const ReadIndexerCacheParams& p);
 // indexer_logits.cpp
 StatusCode indexer_logits(const IndexerLogitsParams& p);
 StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p);

@@ -269,6 +269,7 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
       seq = r / p.next_n;
       len = p.kv_lens.ptr<const int32_t>()[seq * p.kv_lens.stride[0]] - p.next_n + r % p.next_n + 1;
     }
+    if (p.skip_rows_up_to > 0 && len <= p.skip_rows_up_to) continue;  // skipped: its logits row is left as it was
     if (tiles.empty() || tiles.back().rows == kTileRows || tiles.back().seq != seq)
       tiles.push_back(Tile{{}, {}, 0, seq, p.col_offset, 0});
     Tile& t = tiles.back();

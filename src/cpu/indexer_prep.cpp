@@ -117,11 +117,16 @@ StatusCode quantize_fp8(const QuantizeFp8Params& p) {
   });
 }
 
+// Position t of an i32 or i64 vector.
+static int64_t position_at(const TensorDesc& pos, int64_t t) {
+  return pos.dtype == DType::kI64 ? pos.ptr<const int64_t>()[t * pos.stride[0]]
+                                  : static_cast<int64_t>(pos.ptr<const int32_t>()[t * pos.stride[0]]);
+}
+
 StatusCode prepare_indexer_q(const PrepareIndexerQParams& p) {
   const int64_t T = p.q.shape[0], H = p.q.shape[1];
   const int64_t es = static_cast<int64_t>(dtype_size(p.q.dtype));
   const char* qb = static_cast<const char*>(p.q.data);
-  const int32_t* pos = p.positions.ptr<const int32_t>();
   const float* cs = p.cos_sin.ptr<const float>();
   uint8_t* qo = p.q_out.ptr<uint8_t>();
   float* wo = p.weights_out.ptr<float>();
@@ -131,7 +136,7 @@ StatusCode prepare_indexer_q(const PrepareIndexerQParams& p) {
   return parallel_for(T * H, 32, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t t = i / H, h = i % H;
-      const float* row_cs = cs + static_cast<int64_t>(pos[t * p.positions.stride[0]]) * p.cos_sin.stride[0];
+      const float* row_cs = cs + position_at(p.positions, t) * p.cos_sin.stride[0];
       const float s = prepare_vector(qb + (t * p.q.stride[0] + h * p.q.stride[1]) * es, p.q.dtype,
                                      row_cs, p.rope, p.hadamard,
                                      qo + t * p.q_out.stride[0] + h * p.q_out.stride[1]);
@@ -147,13 +152,12 @@ StatusCode prepare_indexer_k(const PrepareIndexerKParams& p) {
   const int64_t T = p.k.shape[0];
   const int64_t es = static_cast<int64_t>(dtype_size(p.k.dtype));
   const char* kb = static_cast<const char*>(p.k.data);
-  const int32_t* pos = p.positions.ptr<const int32_t>();
   const float* cs = p.cos_sin.ptr<const float>();
   uint8_t* ko = p.k_out.ptr<uint8_t>();
   float* ks = p.k_scale.ptr<float>();
   return parallel_for(T, 32, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      const float* row_cs = cs + static_cast<int64_t>(pos[t * p.positions.stride[0]]) * p.cos_sin.stride[0];
+      const float* row_cs = cs + position_at(p.positions, t) * p.cos_sin.stride[0];
       ks[t * p.k_scale.stride[0]] = prepare_vector(kb + t * p.k.stride[0] * es, p.k.dtype, row_cs,
                                                    p.rope, p.hadamard, ko + t * p.k_out.stride[0]);
     }

@@ -1,4 +1,5 @@
-// Launchers of the cache family: write_indexer_cache, write_mla_cache, read_mla_cache.
+// Launchers of the cache family: write_indexer_cache, write_mla_cache, read_mla_cache,
+// read_indexer_cache.
 #include "cuda/cache_write_kernels.cuh"
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
@@ -70,6 +71,26 @@ StatusCode read_mla_cache(const ReadMlaCacheParams& p) {
   a.T = T;
   note_kernel("cache.read_mla");
   cache::read_mla_cache_kernel<<<warp_grid(T), kThreads, 0, as_stream(p.stream)>>>(a);
+  return last_launch_status();
+}
+
+StatusCode read_indexer_cache(const ReadIndexerCacheParams& p) {
+  const int64_t T = p.slots.shape[0];
+  if (T == 0) return StatusCode::kOk;
+  cache::IndexerReadArgs a{};
+  a.cache = static_cast<const uint8_t*>(p.cache.data);
+  a.block_bytes = p.cache.block_bytes();
+  a.page_size = p.cache.page_size;
+  a.num_blocks = p.cache.num_blocks;
+  a.slots = static_cast<const int64_t*>(p.slots.data);
+  a.slots0 = p.slots.stride[0];
+  a.k = static_cast<uint8_t*>(p.k.data);
+  a.k0 = p.k.stride[0];
+  a.k_scale = static_cast<float*>(p.k_scale.data);
+  a.ks0 = p.k_scale.stride[0];
+  a.T = T;
+  note_kernel("cache.read_indexer");
+  cache::read_indexer_cache_kernel<<<warp_grid(T), kThreads, 0, as_stream(p.stream)>>>(a);
   return last_launch_status();
 }
 

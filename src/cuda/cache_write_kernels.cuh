@@ -112,6 +112,28 @@ __global__ void read_mla_cache_kernel(MlaReadArgs a) {
   }
 }
 
+struct IndexerReadArgs {
+  const uint8_t* cache; int64_t block_bytes, page_size, num_blocks;
+  const int64_t* slots; int64_t slots0;
+  uint8_t* k; int64_t k0;
+  float* k_scale; int64_t ks0;
+  int64_t T;
+};
+
+// A warp per token: 128 key bytes (4 per lane) and the scale. Invalid slots: rows untouched.
+__global__ void read_indexer_cache_kernel(IndexerReadArgs a) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; t < a.T; t += warps) {
+    const int64_t slot = a.slots[t * a.slots0];
+    if (slot < 0 || slot >= a.num_blocks * a.page_size) continue;
+    const uint8_t* blk = a.cache + (slot / a.page_size) * a.block_bytes;
+    const int64_t off = slot % a.page_size;
+    for (int i = lane; i < 128; i += kWarp) a.k[t * a.k0 + i] = blk[off * 128 + i];
+    if (lane == 0) a.k_scale[t * a.ks0] = reinterpret_cast<const float*>(blk + a.page_size * 128)[off];
+  }
+}
+
 }  // namespace cache
 }  // namespace gpu
 }  // namespace dsa

@@ -112,7 +112,9 @@ StatusCode indexer_logits(const IndexerLogitsParams& p) {
 }
 
 StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
-  if (wgmma_allowed(p.q.shape[1]) && forced_kernel() == Forced::kNone) {
+  // skip_rows_up_to is honoured by the mma.sync and SIMT kernels (the wgmma kernel's row blocks
+  // do not skip rows yet): a call that skips rows takes them.
+  if (wgmma_allowed(p.q.shape[1]) && forced_kernel() == Forced::kNone && p.skip_rows_up_to == 0) {
     bool served = false;
     const StatusCode st = logits_wg::launch_paged(p, &served);
     if (served) {
@@ -129,6 +131,7 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   keys.num_blocks = p.cache.num_blocks;
   keys.block_table = i32_mat(p.block_table);
   keys.general = p.row_seq.present();
+  keys.skip_up_to = p.skip_rows_up_to;
   if (keys.general) {
     keys.row_seq = i32_vec(p.row_seq);
     keys.row_len = i32_vec(p.row_len);

@@ -52,6 +52,7 @@ __device__ __forceinline__ OutRow out_row_of(void* out, int64_t out0, bool bf16,
 struct RowKeys {
   int64_t base, lo, hi;
   int64_t seq;
+  bool skip;  // the row is not computed (paged skip_rows_up_to): nothing is written
 };
 
 struct FlatKeys {
@@ -68,6 +69,7 @@ struct FlatKeys {
     rk.lo = s > 0 ? s : 0;
     rk.hi = e < n ? e : n;
     rk.seq = 0;
+    rk.skip = false;
     return rk;
   }
   // Key pointer and scale for a valid j (j in [lo, hi)), nullptr if unresolvable.
@@ -82,6 +84,7 @@ struct PagedKeys {
   I32Mat block_table;
   I32Vec kv_lens; int64_t next_n;
   I32Vec row_seq, row_len; bool general;
+  int64_t skip_up_to;  // rows with len <= skip_up_to are skipped
   static constexpr bool aligned16 = true;  // 16-byte aligned cache, 128-byte key rows
 
   __device__ RowKeys row(int64_t r, int64_t col_offset) const {
@@ -97,6 +100,7 @@ struct PagedKeys {
       len = static_cast<int64_t>(kv_lens[rk.seq]) - next_n + (r % next_n) + 1;
     }
     const int64_t cap = block_table.cols * page_size;
+    rk.skip = skip_up_to > 0 && len <= skip_up_to;
     if (rk.seq < 0 || rk.seq >= block_table.rows) len = 0;
     rk.hi = len < cap ? len : cap;
     return rk;
@@ -124,6 +128,7 @@ __global__ void __launch_bounds__(kThreads) logits_tile_kernel(QArgs a, Keys key
   const int64_t r = blockIdx.x;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTileKeys;
   const RowKeys rk = keys.row(r, a.col_offset);
+  if (rk.skip) return;  // block-uniform (one row per block): no barrier is skipped unevenly
   const OutRow out_row = out_row_of(a.out, a.out0, a.out_bf16, r);
 
   bool mine = false;
@@ -274,6 +279,7 @@ __global__ void __launch_bounds__(kMmaThreads) logits_mma_kernel(QArgs a, Keys k
   const int64_t r = blockIdx.x;
   const int64_t chunk0 = static_cast<int64_t>(blockIdx.y) * kMmaChunk;
   const RowKeys rk = keys.row(r, a.col_offset);
+  if (rk.skip) return;  // block-uniform (one row per block): no barrier is skipped unevenly
   const OutRow out_row = out_row_of(a.out, a.out0, a.out_bf16, r);
 
   // The row's queries, once per block (zero rows pad the heads).

@@ -19,7 +19,7 @@ prep::VecArgs common_args(const TensorDesc& src, const TensorDesc& positions, co
   a.src = static_cast<const char*>(src.data);
   a.src_bf16 = src.dtype == DType::kBF16;
   a.esize = static_cast<int64_t>(dtype_size(src.dtype));
-  a.positions = i32_vec(positions);
+  a.positions = idx_vec(positions);
   a.cos_sin = static_cast<const float*>(cos_sin.data);
   a.cs_stride0 = cos_sin.stride[0];
   a.max_positions = cos_sin.shape[0];

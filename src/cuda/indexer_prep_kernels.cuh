@@ -96,7 +96,7 @@ __device__ __forceinline__ float quantize_vec128(const float* x, uint8_t* out, i
 struct VecArgs {
   const char* src; bool src_bf16; int64_t esize;
   int64_t s0, s1;            // element strides of [T, H, 128] (s1 unused for k: H == 1)
-  I32Vec positions;
+  IdxVec positions;  // i32 or i64
   const float* cos_sin; int64_t cs_stride0; int64_t max_positions;
   bool interleaved, hadamard;
   float inv_sqrt128;

@@ -23,6 +23,18 @@ struct I32Vec {
 inline I32Vec i32_vec(const TensorDesc& t) {
   return I32Vec{static_cast<const int32_t*>(t.data), t.ndim > 0 ? t.stride[0] : 0};
 }
+// A vector of i32 or i64 integers (positions: engines hold either), read as i64.
+struct IdxVec {
+  const void* p = nullptr;
+  int64_t stride = 0;
+  bool wide = false;
+  __device__ __forceinline__ int64_t operator[](int64_t i) const {
+    return wide ? static_cast<const int64_t*>(p)[i * stride] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i * stride]);
+  }
+};
+inline IdxVec idx_vec(const TensorDesc& t) {
+  return IdxVec{t.data, t.ndim > 0 ? t.stride[0] : 0, t.dtype == DType::kI64};
+}
 
 // A 2-D i32 table (block tables).
 struct I32Mat {

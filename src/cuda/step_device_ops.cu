@@ -106,6 +106,12 @@ class CudaStepOps final : public core::step::DeviceOps {
     }
     return Status::Ok();
   }
+  Status decode_rows(const core::step::DecodeRowsArgs& a, void* stream) const override {
+    return launch_decode_rows(a, stream);
+  }
+  Status mask_padded(const core::step::MaskPaddedArgs& a, void* stream) const override {
+    return launch_mask_padded(a, stream);
+  }
 };
 
 }  // namespace

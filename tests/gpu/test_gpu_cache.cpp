@@ -246,3 +246,45 @@ TEST(GpuCache, ZeroTokensTouchNothing) {
   ASSERT_TRUE(device_clean());
   EXPECT_TRUE(same_bits(dcache.download<uint8_t>(), poisoned_cache(bytes), "untouched cache"));
 }
+
+// read_indexer_cache on the device: the bytes written come back (keys and scales), equal to the
+// CPU's read; rows of invalid slots (-1, outside the cache) are left untouched.
+TEST(GpuCache, ReadIndexerCacheIsTheInverseOfTheWrite) {
+  DSA_REQUIRE_GPU();
+  Rng rng(31);
+  const int64_t page = 16, blocks = 9, T = 100, num_slots = page * blocks;
+  std::vector<uint8_t> cache(static_cast<size_t>(blocks * page * kIndexerTokenBytes));
+  for (auto& b : cache) b = static_cast<uint8_t>(rng.integer(0, 255));
+  std::vector<int64_t> slots;
+  for (int64_t t = 0; t < T; ++t) slots.push_back(rng.integer(0, num_slots - 1));
+  IndexerCacheDesc hc;
+  hc.data = cache.data();
+  hc.num_blocks = blocks;
+  hc.page_size = page;
+  std::vector<uint8_t> hk(static_cast<size_t>(T * 128));
+  std::vector<float> hs(static_cast<size_t>(T));
+  ReadIndexerCacheParams hp;
+  hp.cache = hc;
+  hp.slots = make_tensor(slots.data(), DType::kI64, {T});
+  hp.k = make_tensor(hk.data(), DType::kE4M3, {T, 128});
+  hp.k_scale = make_tensor(hs.data(), DType::kF32, {T});
+  DSA_ASSERT_OK(read_indexer_cache(hp));
+  std::vector<int64_t> dslots_h = slots;
+  for (int64_t b : {int64_t{-1}, num_slots, INT64_MIN}) dslots_h.push_back(b);
+  const int64_t R = static_cast<int64_t>(dslots_h.size());
+  DeviceBuffer dcache(cache), dslots(dslots_h), dk(R * 128, 0x5A), ds(R * 4, 0x5A);
+  ReadIndexerCacheParams gp;
+  gp.cache = hc;
+  gp.cache.data = dcache.data();
+  gp.cache.device = cuda_device(0);
+  gp.slots = dev_tensor(dslots, DType::kI64, {R});
+  gp.k = dev_tensor(dk, DType::kE4M3, {R, 128});
+  gp.k_scale = dev_tensor(ds, DType::kF32, {R});
+  DSA_ASSERT_OK(read_indexer_cache(gp));
+  ASSERT_TRUE(device_clean());
+  const std::vector<uint8_t> gk = dk.download<uint8_t>(), gs = ds.download<uint8_t>();
+  EXPECT_EQ(0, std::memcmp(gk.data(), hk.data(), hk.size()));
+  EXPECT_EQ(0, std::memcmp(gs.data(), hs.data(), hs.size() * 4));
+  for (size_t i = hk.size(); i < gk.size(); ++i) ASSERT_EQ(gk[i], 0x5A) << "invalid-slot key byte " << i;
+  for (size_t i = hs.size() * 4; i < gs.size(); ++i) ASSERT_EQ(gs[i], 0x5A) << "invalid-slot scale byte " << i;
+}

@@ -550,6 +550,67 @@ TEST(GpuLogits, SanitizerSmall) {
   run_decode(32, {70}, 1, 64, 128, 0, 324);
 }
 
+// skip_rows_up_to: rows seeing L <= it keys are not computed (their logits rows keep their
+// bytes, their block-table entries are not read: a bad entry there is harmless); every other
+// row is bit-identical to the unskipped call. Both kernel families (64 heads: tensor cores; 5
+// heads: the SIMT kernel), decode and general forms.
+TEST(GpuLogits, PagedSkipsShortRowsUntouched) {
+  DSA_REQUIRE_GPU();
+  for (int64_t H : {64, 5}) {
+    SCOPED_TRACE("H " + std::to_string(H));
+    Rng rng(700 + H);
+    const int64_t page = 16, next_n = 2, W = 320, skip = 64;
+    PagedCache pc = make_paged(rng, {300, 50, 65, 64}, page, 3);
+    const int64_t R = pc.B * next_n;
+    Queries Q = make_queries(rng, R, H);
+    DeviceBuffer dq(Q.q), dw(Q.w), dcache(pc.bytes), dtable(pc.table), dlens(pc.lens);
+    std::vector<int32_t> bad_table = pc.table;
+    bad_table[1 * pc.max_blocks + 0] = -1;  // sequence 1 (kv 50): every row skipped
+    DeviceBuffer dbad(bad_table);
+    IndexerLogitsPagedParams p;
+    p.q = dev_tensor(dq, DType::kE4M3, {R, H, 128});
+    p.weights = dev_tensor(dw, DType::kF32, {R, H});
+    p.cache.data = dcache.data();
+    p.cache.num_blocks = pc.blocks;
+    p.cache.page_size = page;
+    p.cache.device = cuda_device(0);
+    p.block_table = dev_tensor(dtable, DType::kI32, {pc.B, pc.max_blocks});
+    p.kv_lens = dev_tensor(dlens, DType::kI32, {pc.B});
+    p.next_n = next_n;
+    DeviceBuffer full(R * W * 4, 0xFF), part(R * W * 4, 0xFF);
+    p.logits = dev_tensor(full, DType::kF32, {R, W});
+    DSA_ASSERT_OK(indexer_logits_paged(p));
+    p.skip_rows_up_to = skip;
+    p.block_table = dev_tensor(dbad, DType::kI32, {pc.B, pc.max_blocks});
+    p.logits = dev_tensor(part, DType::kF32, {R, W});
+    DSA_ASSERT_OK(indexer_logits_paged(p));
+    ASSERT_TRUE(device_clean());
+    const auto f = full.download<uint32_t>(), s = part.download<uint32_t>();
+    int64_t skipped = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t L = pc.lens[r / next_n] - next_n + r % next_n + 1;
+      for (int64_t c = 0; c < W; ++c) {
+        if (L <= skip) ASSERT_EQ(s[r * W + c], 0xFFFFFFFFu) << "skipped row " << r << " written at " << c;
+        else ASSERT_EQ(s[r * W + c], f[r * W + c]) << "row " << r << " col " << c;
+      }
+      skipped += L <= skip;
+    }
+    EXPECT_EQ(skipped, 2 + 1 + 2) << "kv 50: both rows; kv 65: its first row; kv 64: both rows";
+    // The general form skips by row_len the same way.
+    std::vector<int32_t> rs, rl;
+    for (int64_t r = 0; r < R; ++r) {
+      rs.push_back(static_cast<int32_t>(r / next_n));
+      rl.push_back(pc.lens[r / next_n] - static_cast<int32_t>(next_n) + static_cast<int32_t>(r % next_n) + 1);
+    }
+    DeviceBuffer drs(rs), drl(rl), gen(R * W * 4, 0xFF);
+    p.row_seq = dev_tensor(drs, DType::kI32, {R});
+    p.row_len = dev_tensor(drl, DType::kI32, {R});
+    p.logits = dev_tensor(gen, DType::kF32, {R, W});
+    DSA_ASSERT_OK(indexer_logits_paged(p));
+    EXPECT_TRUE(same_bits(gen.download<uint32_t>(), s, "general form vs decode form, skipped"));
+  }
+}
+
 // ---- the Hopper wgmma kernel (and its agreement with the mma.sync kernel) -----------------
 // On an sm_90a device the default path of H_idx <= 64 is the wgmma kernel (flat keys; paged
 // with page 64); DSA_CUDA_LOGITS=mma forces the mma.sync kernel. Elsewhere these tests run the

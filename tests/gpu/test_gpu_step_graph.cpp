@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -415,4 +416,294 @@ TEST(GpuStepGraph, PreparedRunsEqualStepsAndCapture) {
   EXPECT_TRUE(same(snapshot(st), stepped, "captured prepare + two runs"));
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+// ---- graph-stable decode (StepParams::device_lengths) ----
+namespace {
+
+// One layer's caches and outputs.
+struct DecodeLayer {
+  IndexerRole role;
+  DeviceBuffer mla, idx, out, lse, ind;
+};
+
+// A model of three layers (full, shared reading the full layer's indices, mtp) over inputs
+// the lanes share; each lane has its own caches, outputs, workspace and Attention object.
+struct DecodeLane {
+  std::vector<DecodeLayer> layers;
+  DeviceBuffer ws;
+  std::unique_ptr<Attention> attn;
+};
+
+constexpr int64_t kDecB = 3, kDecNextN = 2, kDecT = kDecB * kDecNextN, kDecCtx = 256;
+constexpr int64_t kDecMaxBlocks = kDecCtx / kPage;
+
+DecodeLane make_lane(const Plan& plan, const Batch& b, int64_t num_blocks) {
+  DecodeLane lane;
+  const size_t mla_bytes = static_cast<size_t>(num_blocks * kPage * kMlaBf16TokenBytes);
+  const size_t idx_bytes = static_cast<size_t>(num_blocks * kPage * kIndexerTokenBytes);
+  for (IndexerRole role : {IndexerRole::kFull, IndexerRole::kShared, IndexerRole::kMtp}) {
+    DecodeLayer l;
+    l.role = role;
+    l.mla.reset(mla_bytes, 0xFF);  // NaN poison past the prefix
+    l.idx.reset(idx_bytes, 0xFF);
+    l.mla.upload(b.mla);  // the prefix pages are the first b.num_blocks pages
+    l.idx.upload(b.idx);
+    l.out.reset(static_cast<size_t>(kDecT * kH * 512 * 4), 0xFF);
+    l.lse.reset(static_cast<size_t>(kDecT * kH * 4), 0xFF);
+    l.ind.reset(static_cast<size_t>(kDecT * kK * 4), 0x5A);
+    lane.layers.push_back(std::move(l));
+  }
+  lane.ws.reset(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+  lane.attn.reset(new Attention(plan));
+  return lane;
+}
+
+// The shared inputs of one decode step (device buffers updated in place between steps).
+struct DecodeInputs {
+  DeviceBuffer kv_dev, bt, kv_c, k_pe, q, iq, ik, iw, cs;
+  std::vector<int32_t> kv, q_lens, bt_h;
+};
+
+StepParams decode_params(DecodeLane& lane, int layer, DecodeInputs& in, int64_t num_blocks, bool device_lengths,
+                         cudaStream_t stream) {
+  const Device dev = cuda_device(0);
+  DecodeLayer& l = lane.layers[static_cast<size_t>(layer)];
+  StepParams p;
+  p.role = l.role;
+  if (device_lengths) {
+    p.device_lengths = true;
+    p.next_n = kDecNextN;
+    p.kv_lens = dev_tensor(in.kv_dev, DType::kI32, {kDecB});
+  } else {
+    p.q_lens = make_tensor(in.q_lens.data(), DType::kI32, {kDecB});
+    p.kv_lens = make_tensor(in.kv.data(), DType::kI32, {kDecB});
+    p.force_score = l.role == IndexerRole::kFull;  // the full layer's indices feed the shared one
+  }
+  p.block_table = dev_tensor(in.bt, DType::kI32, {kDecB, kDecMaxBlocks});
+  p.kv_c = dev_tensor(in.kv_c, DType::kBF16, {kDecT, 512});
+  p.k_pe = dev_tensor(in.k_pe, DType::kBF16, {kDecT, 64});
+  p.q = dev_tensor(in.q, DType::kBF16, {kDecT, kH, 576});
+  p.mla_cache.data = l.mla.data();
+  p.mla_cache.num_blocks = num_blocks;
+  p.mla_cache.page_size = kPage;
+  p.mla_cache.device = dev;
+  if (l.role != IndexerRole::kShared) {
+    p.index_q = dev_tensor(in.iq, DType::kF32, {kDecT, kHi, 128});
+    p.index_k = dev_tensor(in.ik, DType::kF32, {kDecT, 128});
+    p.index_w = dev_tensor(in.iw, DType::kF32, {kDecT, kHi});
+    p.cos_sin = dev_tensor(in.cs, DType::kF32, {kMaxPos, 64});
+    p.index_cache.data = l.idx.data();
+    p.index_cache.num_blocks = num_blocks;
+    p.index_cache.page_size = kPage;
+    p.index_cache.device = dev;
+    p.indices_out = dev_tensor(l.ind, DType::kI32, {kDecT, kK});
+  } else {
+    p.indices_in = dev_tensor(lane.layers[0].ind, DType::kI32, {kDecT, kK});
+  }
+  p.out = dev_tensor(l.out, DType::kF32, {kDecT, kH, 512});
+  p.lse = dev_tensor(l.lse, DType::kF32, {kDecT, kH});
+  p.workspace = lane.ws.data();
+  p.workspace_bytes = lane.ws.size();
+  p.stream = stream;
+  return p;
+}
+
+Status run_lane(DecodeLane& lane, DecodeInputs& in, int64_t num_blocks, bool device_lengths, cudaStream_t stream,
+                StepReport* full_report = nullptr) {
+  std::vector<StepParams> ps;
+  for (int l = 0; l < 3; ++l) ps.push_back(decode_params(lane, l, in, num_blocks, device_lengths, stream));
+  Status s = lane.attn->prepare(ps[0]);
+  for (int l = 0; l < 3 && s.ok(); ++l) s = lane.attn->run(ps[static_cast<size_t>(l)], l == 0 ? full_report : nullptr);
+  return s;
+}
+
+::testing::AssertionResult close(const std::vector<float>& got, const std::vector<float>& ref, double tol, const char* what) {
+  if (got.size() != ref.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(double(got[i]) - ref[i]) <= tol * std::max(1.0, std::fabs(double(ref[i])))))
+      return ::testing::AssertionFailure() << what << ": element " << i << ": " << got[i] << " vs " << ref[i];
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace
+
+// Capture one decode step (prepare + full + shared + mtp runs) while every context is below
+// topk, then replay it for 72 steps as the contexts grow past topk: the engine updates the
+// device kv_lens, the block table (pages appended as sequences grow) and the inputs in place.
+// Each replay equals an eager device_lengths step of the same batch bit for bit (outputs,
+// indices, both caches of every layer), and the host-planned step (full layer with
+// force_score) in indices and caches bit for bit, in outputs to f32 rounding (short rows are
+// sparse over the identity there, dense here).
+TEST(GpuStepGraph, OneDecodeGraphServesGrowingContexts) {
+  DSA_REQUIRE_GPU();
+  const Batch b = make_batch({{kDecNextN, 9}, {kDecNextN, 30}, {kDecNextN, 52}}, 77);
+  const int64_t num_blocks = kDecB * kDecMaxBlocks + b.num_blocks;
+  Plan plan;
+  ASSERT_TRUE(make_plan(config(kDecT, kDecB, kDecCtx, kDefaultScoreBudgetBytes), &plan).ok());
+  ASSERT_GE(plan.rows_per_chunk(kDecCtx), 1);
+  StreamGuard stream;
+  DecodeLane graph_lane = make_lane(plan, b, num_blocks), eager = make_lane(plan, b, num_blocks),
+             host = make_lane(plan, b, num_blocks);
+  DecodeInputs in;
+  in.kv = b.kv_lens;
+  in.q_lens.assign(kDecB, kDecNextN);
+  in.bt_h.assign(static_cast<size_t>(kDecB * kDecMaxBlocks), -1);
+  for (int64_t s = 0; s < kDecB; ++s)
+    for (int64_t j = 0; j < b.max_blocks; ++j) in.bt_h[s * kDecMaxBlocks + j] = b.block_table[s * b.max_blocks + j];
+  std::vector<int32_t> free_pages;
+  for (int64_t pg = b.num_blocks; pg < num_blocks; ++pg) free_pages.push_back(static_cast<int32_t>(pg));
+  dsa_test::Rng rng(2026);
+  std::shuffle(free_pages.begin(), free_pages.end(), rng.gen);
+  in.kv_dev.reset(kDecB * 4);
+  in.bt.reset(in.bt_h.size() * 4);
+  in.kv_c.reset(kDecT * 512 * 2);
+  in.k_pe.reset(kDecT * 64 * 2);
+  in.q.reset(kDecT * kH * 576 * 2);
+  in.iq.reset(kDecT * kHi * 128 * 4);
+  in.ik.reset(kDecT * 128 * 4);
+  in.iw.reset(kDecT * kHi * 4);
+  in.cs.reset(b.cos_sin.size() * 4);
+  in.cs.upload(b.cos_sin);
+  auto next_inputs = [&](int step) {
+    if (step > 0)
+      for (auto& k : in.kv) k += kDecNextN;
+    for (int64_t s = 0; s < kDecB; ++s)
+      for (int64_t j = 0; j < (in.kv[s] + kPage - 1) / kPage; ++j)
+        if (in.bt_h[s * kDecMaxBlocks + j] < 0) {
+          in.bt_h[s * kDecMaxBlocks + j] = free_pages.back();
+          free_pages.pop_back();
+        }
+    in.kv_dev.upload(in.kv);
+    in.bt.upload(in.bt_h);
+    in.kv_c.upload(dsa_test::to_bf16(dsa_test::random_floats(rng, kDecT * 512)));
+    in.k_pe.upload(dsa_test::to_bf16(dsa_test::random_floats(rng, kDecT * 64)));
+    in.q.upload(dsa_test::to_bf16(dsa_test::random_floats(rng, kDecT * kH * 576, 0.5f)));
+    in.iq.upload(dsa_test::random_floats(rng, kDecT * kHi * 128));
+    in.ik.upload(dsa_test::random_floats(rng, kDecT * 128));
+    in.iw.upload(dsa_test::random_floats(rng, kDecT * kHi));
+  };
+  next_inputs(0);
+  ASSERT_TRUE(device_clean());
+  for (int32_t k : in.kv) ASSERT_LT(k, kK);  // captured below topk
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DSA_CUDA_OK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeGlobal));
+  const Status captured = run_lane(graph_lane, in, num_blocks, true, stream.s);
+  const cudaError_t end = cudaStreamEndCapture(stream.s, &graph);
+  ASSERT_TRUE(captured.ok()) << captured.to_string();
+  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+  DSA_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  constexpr int kSteps = 72;
+  bool crossed = false;
+  for (int step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE("decode step " + std::to_string(step) + ", kv_lens " + std::to_string(in.kv[0]) + " " +
+                 std::to_string(in.kv[1]) + " " + std::to_string(in.kv[2]));
+    if (step > 0) next_inputs(step);
+    DSA_CUDA_OK(cudaGraphLaunch(exec, stream.s));
+    DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+    StepReport rep;
+    Status s = run_lane(eager, in, num_blocks, true, stream.s, &rep);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(rep.rows[static_cast<int>(Route::kSparseScored)], kDecT);
+    EXPECT_EQ(rep.seqs[static_cast<int>(Route::kDense)], 0);
+    DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+    s = run_lane(host, in, num_blocks, false, stream.s);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_TRUE(device_clean());
+    crossed = crossed || *std::min_element(in.kv.begin(), in.kv.end()) > kK;
+    for (int l = 0; l < 3; ++l) {
+      const DecodeLayer &g = graph_lane.layers[l], &e = eager.layers[l], &h = host.layers[l];
+      const std::string what = std::string(l == 0 ? "full" : l == 1 ? "shared" : "mtp");
+      ASSERT_TRUE(same_bits(g.out.download<float>(), e.out.download<float>(), (what + " out").c_str()));
+      ASSERT_TRUE(same_bits(g.lse.download<float>(), e.lse.download<float>(), (what + " lse").c_str()));
+      ASSERT_TRUE(same_bits(g.mla.download<uint8_t>(), e.mla.download<uint8_t>(), (what + " MLA cache").c_str()));
+      ASSERT_TRUE(same_bits(g.mla.download<uint8_t>(), h.mla.download<uint8_t>(), (what + " MLA cache vs host").c_str()));
+      if (l != 1) {
+        ASSERT_TRUE(same_bits(g.ind.download<int32_t>(), e.ind.download<int32_t>(), (what + " indices").c_str()));
+        ASSERT_TRUE(same_bits(g.ind.download<int32_t>(), h.ind.download<int32_t>(), (what + " indices vs host").c_str()));
+        ASSERT_TRUE(same_bits(g.idx.download<uint8_t>(), e.idx.download<uint8_t>(), (what + " indexer cache").c_str()));
+        ASSERT_TRUE(
+            same_bits(g.idx.download<uint8_t>(), h.idx.download<uint8_t>(), (what + " indexer cache vs host").c_str()));
+      }
+      ASSERT_TRUE(close(g.out.download<float>(), h.out.download<float>(), 1e-4, (what + " out vs host").c_str()));
+      ASSERT_TRUE(close(g.lse.download<float>(), h.lse.download<float>(), 1e-4, (what + " lse vs host").c_str()));
+    }
+  }
+  EXPECT_TRUE(crossed);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// Engine-shaped inputs on CUDA: i64 positions equal to the cache positions and a slot mapping
+// equal to the block-table slots change no byte; padded tokens (slot -1, at the ends of
+// sequences and one padding-only sequence) are written nowhere, their rows are out 0, lse +inf,
+// indices -1, and every other row and cache byte equals the unpadded step's.
+TEST(GpuStepGraph, I64PositionsSlotMappingAndPaddedTokens) {
+  DSA_REQUIRE_GPU();
+  const Batch b = make_batch({{3, 40}, {4, 100}, {2, 2}, {1, 80}}, 91);
+  Plan plan;
+  ASSERT_TRUE(make_plan(config(b.T, b.B, b.max_kv, kDefaultScoreBudgetBytes), &plan).ok());
+  StreamGuard stream;
+  DeviceBuffer ws(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+  DeviceStep st(b, ws.data(), ws.size(), stream.s);
+  Attention attn(plan);
+  Status r = attn.step(st.p);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  const Snapshot ref = snapshot(st);
+  std::vector<int64_t> pos, slots;
+  for (int64_t s = 0; s < b.B; ++s)
+    for (int32_t i = 0; i < b.q_lens[s]; ++i) {
+      const int64_t p = b.kv_lens[s] - b.q_lens[s] + i;
+      pos.push_back(p);
+      slots.push_back(int64_t{b.block_table[s * b.max_blocks + p / kPage]} * kPage + p % kPage);
+    }
+  DeviceBuffer dpos(pos), dslots(slots);
+  st.reset();
+  st.p.positions = dev_tensor(dpos, DType::kI64, {b.T});
+  st.p.slot_mapping = dev_tensor(dslots, DType::kI64, {b.T});
+  r = attn.step(st.p);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  EXPECT_TRUE(same(snapshot(st), ref, "i64 positions + slot mapping"));
+
+  std::vector<bool> pad(static_cast<size_t>(b.T), false);
+  for (int64_t t : {int64_t{2}, int64_t{5}, int64_t{6}, int64_t{7}, int64_t{8}}) pad[t] = true;
+  std::vector<int64_t> padded = slots;
+  for (int64_t t = 0; t < b.T; ++t)
+    if (pad[t]) padded[t] = -1;
+  DeviceBuffer dpad(padded);
+  st.reset();
+  st.p.slot_mapping = dev_tensor(dpad, DType::kI64, {b.T});
+  r = attn.step(st.p);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  ASSERT_TRUE(device_clean());
+  const Snapshot got = snapshot(st);
+  std::vector<uint8_t> want_mla = ref.mla, want_idx = ref.idx;
+  for (int64_t t = 0; t < b.T; ++t) {
+    if (!pad[t]) continue;
+    const int64_t s = slots[t], blk = s / kPage, off = s % kPage;
+    std::memcpy(&want_mla[s * kMlaBf16TokenBytes], &b.mla[s * kMlaBf16TokenBytes], kMlaBf16TokenBytes);
+    const int64_t ib = blk * kPage * kIndexerTokenBytes;
+    std::memcpy(&want_idx[ib + off * 128], &b.idx[ib + off * 128], 128);
+    std::memcpy(&want_idx[ib + kPage * 128 + off * 4], &b.idx[ib + kPage * 128 + off * 4], 4);
+  }
+  EXPECT_TRUE(same_bits(got.mla, want_mla, "MLA cache with padded tokens"));
+  EXPECT_TRUE(same_bits(got.idx, want_idx, "indexer cache with padded tokens"));
+  for (int64_t t = 0; t < b.T; ++t) {
+    const size_t o = static_cast<size_t>(t * kH * 512), l = static_cast<size_t>(t * kH), k = static_cast<size_t>(t * kK);
+    if (pad[t]) {
+      for (int64_t j = 0; j < kH * 512; ++j) ASSERT_EQ(got.out[o + j], 0.0f) << "padded row " << t;
+      for (int64_t h = 0; h < kH; ++h) ASSERT_EQ(got.lse[l + h], std::numeric_limits<float>::infinity());
+      for (int64_t j = 0; j < kK; ++j) ASSERT_EQ(got.indices[k + j], -1);
+    } else {
+      ASSERT_EQ(0, std::memcmp(&got.out[o], &ref.out[o], kH * 512 * 4)) << "row " << t;
+      ASSERT_EQ(0, std::memcmp(&got.lse[l], &ref.lse[l], kH * 4)) << "row " << t;
+      ASSERT_EQ(0, std::memcmp(&got.indices[k], &ref.indices[k], kK * 4)) << "row " << t;
+    }
+  }
 }

@@ -84,7 +84,8 @@ Status map_paged(Step& s, const TensorDesc& idx, int64_t r0, int64_t n, const Te
   return st;
 }
 
-Status score_rows(Step& s, int64_t r0, int64_t n, float* logits, int64_t width, int64_t stride, int64_t col_offset) {
+Status score_rows(Step& s, int64_t r0, int64_t n, float* logits, int64_t width, int64_t stride, int64_t col_offset,
+                  bool skip_short) {
   const auto tl = Clock::now();
   mark(s, Stage::kScore);
   IndexerLogitsPagedParams lp;
@@ -95,6 +96,7 @@ Status score_rows(Step& s, int64_t r0, int64_t n, float* logits, int64_t width, 
   lp.row_seq = rows(s.row_seq, r0, n);
   lp.row_len = rows(s.row_len, r0, n);
   lp.col_offset = col_offset;
+  lp.skip_rows_up_to = skip_short ? s.K : 0;
   lp.logits = dev_tensor(logits, DType::kF32, {n, width}, s.dev);
   lp.logits.stride[0] = stride;
   lp.stream = s.p.stream;

@@ -17,12 +17,19 @@ namespace step {
 namespace {
 // Sequence b's route apart from the role's sparse kind: the same for every layer of a batch
 // except a full layer with force_score, which has no dense run at all.
-bool dense_by_length(const Step& s, int64_t b) { return s.kv_lens_h[b] <= s.K; }
+// Device-length batches have no dense run: their short rows get the identity from top-k.
+bool dense_by_length(const Step& s, int64_t b) { return !s.device_lengths && s.kv_lens_h[b] <= s.K; }
 }  // namespace
 
 void row_tables(Step& s) {
   const StepParams& p = s.p;
   const int64_t B = s.shape.B;
+  s.device_lengths = p.device_lengths;
+  if (p.device_lengths) {  // the device builds the rows (stage_metadata); nothing is dense
+    for (int64_t b = 0; b < B; ++b) s.state.q_lens[static_cast<size_t>(b)] = static_cast<int32_t>(p.next_n);
+    s.dense_cu_words = 0;
+    return;
+  }
   int64_t t = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int32_t ql = static_cast<int32_t>(batch_q_len(p, b));

@@ -36,7 +36,11 @@ Status score_select_map_chunk(Step& s, int64_t r0, int64_t m, int64_t width, Ten
   const StepParams& p = s.p;
   ChunkLayout cl;
   if (!layout_chunk(s.score_arena, s.dev, m, width, s.K, &cl)) return internal("chunk does not fit the score region");
-  Status st = score_rows(s, r0, m, cl.scores, width, cl.stride, 0);
+  // Rows with L <= topk (device_lengths decode, force_score) get the identity from top-k, which
+  // reads none of their scores: they are not scored.
+  // Only where such rows are common (device-length decode, force_score): elsewhere the scorer's
+  // fastest kernel (wgmma on sm_90a) does not skip rows.
+  Status st = score_rows(s, r0, m, cl.scores, width, cl.stride, 0, s.device_lengths || p.force_score);
   *idx = p.indices_out.present() ? rows(p.indices_out, r0, m) : dev_tensor(cl.idx, DType::kI32, {m, s.K}, s.dev);
   if (st.ok()) {
     const auto ts = Clock::now();

@@ -43,7 +43,7 @@ Status sparse_run(Step& s, const Run& run) {
     // Greedy chunk: add rows while the chunk's exact layout fits the score region.
     int64_t m = 0, width = 0;
     while (r0 + m < run.r1) {
-      const int64_t w2 = std::max<int64_t>(width, s.row_len_h[r0 + m]);
+      const int64_t w2 = std::max<int64_t>(width, s.row_width(r0 + m));
       if (s.plan.chunk_bytes(m + 1, w2) > s.lay.score_bytes) break;
       width = w2;
       ++m;
@@ -58,6 +58,7 @@ Status sparse_run(Step& s, const Run& run) {
       continue;
     }
     // One row alone does not fit: score it in key tiles, merging partial top-k exactly.
+    if (s.device_lengths) return internal("a device_lengths row of max_context keys does not fit the score region");
     st = score_tiled_row(s, r0, &mapped);
     if (st.ok()) st = sparse_attend(s, r0, 1, mapped);
     ++s.rep.tiled_rows;

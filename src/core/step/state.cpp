@@ -103,6 +103,9 @@ void keep_prepared(Step& s) {
   pr.workspace_bytes = s.p.workspace_bytes;
   pr.block_table = s.p.block_table.data;
   pr.positions = s.p.positions.data;
+  pr.device_lengths = s.p.device_lengths;
+  pr.next_n = s.p.next_n;
+  pr.kv_lens = s.p.kv_lens.data;
 }
 
 Status use_prepared(Step& s) {
@@ -115,6 +118,7 @@ Status use_prepared(Step& s) {
   point_at_slot(s);
   s.lay = pr.lay;
   s.score_offset = pr.score_offset;
+  s.device_lengths = pr.device_lengths;
   const int64_t T = pr.T;
   s.row_seq = dev_tensor(s.lay.row_seq, DType::kI32, {T}, s.dev);
   s.row_len = dev_tensor(s.lay.row_len, DType::kI32, {T}, s.dev);

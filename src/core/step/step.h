@@ -83,6 +83,9 @@ struct Prepared {
   size_t workspace_bytes = 0;
   const void* block_table = nullptr;
   const void* positions = nullptr;
+  bool device_lengths = false;  // a graph-stable decode batch: row tables built on the device
+  int64_t next_n = 0;
+  const void* kv_lens = nullptr;
 };
 
 // What an Attention object keeps between steps: host staging, its slots and their events.
@@ -140,6 +143,11 @@ struct Step {
   int64_t score_high = 0;
   int64_t dense_cu_at = 0;  // next dense run's dense_cu region
   int64_t dense_cu_words = 0;  // dense_cu words of the batch's dense runs
+  bool device_lengths = false;  // the batch's lengths live on the device (StepParams::device_lengths)
+
+  // The key width a row is scored with: its own length, or the plan's max_context when the
+  // lengths are on the device (chunking then depends only on B and next_n).
+  int64_t row_width(int64_t r) const { return device_lengths ? cfg.max_context : row_len_h[r]; }
 
   // The prepared batch (staged by row_tables).
   int32_t q_len(int64_t b) const { return state.q_lens[static_cast<size_t>(b)]; }
@@ -204,11 +212,15 @@ Status score_select_map_chunk(Step& s, int64_t r0, int64_t m, int64_t width, Ten
 // One row too wide for a chunk: scored in key tiles, partial top-k merged exactly, mapped.
 Status score_tiled_row(Step& s, int64_t r0, TensorDesc* mapped);
 Status sparse_attend(Step& s, int64_t r0, int64_t n, const TensorDesc& mapped);
+// Padded tokens' rows (slot_mapping -1): out 0, lse +inf, indices_out -1 (write_caches.cpp).
+Status mask_padded(Step& s);
 
 // ---- op wrappers (ops.cpp): each adds its host time to the report ----
 Status run_topk(Step& s, TopkParams& tp, void* ws, size_t ws_bytes);
 Status map_paged(Step& s, const TensorDesc& idx, int64_t r0, int64_t n, const TensorDesc& out);
-Status score_rows(Step& s, int64_t r0, int64_t n, float* logits, int64_t width, int64_t stride, int64_t col_offset);
+// skip_short: rows with L <= topk are not scored (top-k reads none of their scores).
+Status score_rows(Step& s, int64_t r0, int64_t n, float* logits, int64_t width, int64_t stride, int64_t col_offset,
+                  bool skip_short = false);
 Status attn_ws_check(const Step& s, size_t need);
 // The largest row count in [1, T] whose layout (bytes_of(rows)) fits the score region.
 template <typename F>

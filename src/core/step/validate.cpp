@@ -21,6 +21,13 @@ bool host_i32_vector(const TensorDesc& t) {
 // layer's indices_in are -1 or a key the row sees. Device-resident contents (CUDA block
 // tables, positions, indices_in) are the engine's to keep valid (docs/engine-integration.md).
 Status check_contents(const Plan& plan, const StepParams& p, int64_t B, bool scores) {
+  // Device-resident kv_lens (device_lengths on CUDA): only their bound, max_context, is known.
+  if (p.device_lengths && p.kv_lens.device.type != DeviceType::kCPU) {
+    if (scores && !p.positions.present() && p.cos_sin.shape[0] < plan.config.max_context)
+      return invalid("cos_sin: expected at least max_context = " + num(plan.config.max_context) +
+                     " rows (device_lengths: cache positions up to the plan's max_context), got " + num(p.cos_sin.shape[0]));
+    return Status::Ok();
+  }
   const int64_t page = plan.config.page_size;
   const int64_t max_blocks = p.block_table.shape[1];
   int64_t num_blocks = p.mla_cache.num_blocks;
@@ -53,7 +60,8 @@ Status check_contents(const Plan& plan, const StepParams& p, int64_t B, bool sco
         return invalid("cos_sin: expected at least " + num(max_kv) + " rows (the batch's cache positions), got " + num(rows));
     } else if (p.positions.device.type == DeviceType::kCPU) {
       for (int64_t t = 0; t < p.positions.shape[0]; ++t) {
-        const int64_t v = p.positions.ptr<const int32_t>()[t * p.positions.stride[0]];
+        const int64_t v = p.positions.dtype == DType::kI64 ? p.positions.ptr<const int64_t>()[t * p.positions.stride[0]]
+                                                           : p.positions.ptr<const int32_t>()[t * p.positions.stride[0]];
         if (v < 0 || v >= rows)
           return invalid("positions[" + num(t) + "]: expected 0 <= position < cos_sin rows = " + num(rows) + ", got " + num(v));
       }
@@ -63,9 +71,9 @@ Status check_contents(const Plan& plan, const StepParams& p, int64_t B, bool sco
     const TensorDesc& in = p.indices_in;
     int64_t t = 0;
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t ql = batch_q_len(p, b);
+      const int64_t ql = p.device_lengths ? p.next_n : batch_q_len(p, b);
       const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
-      if (kl <= plan.config.geometry.topk) {  // dense rows: indices_in is not read
+      if (kl <= plan.config.geometry.topk && !p.device_lengths) {  // dense rows: indices_in is not read
         t += ql;
         continue;
       }
@@ -103,6 +111,80 @@ Status check_q_lens(const StepParams& p) {
   return Status::Ok();
 }
 
+// A host-resident slot mapping: every slot -1 or the token's block-table slot, and no token
+// with a slot after a padded one in its sequence (it would attend the unwritten key).
+Status check_slot_mapping(const Plan& plan, const StepParams& p, int64_t B) {
+  const TensorDesc& sm = p.slot_mapping;
+  if (!sm.present() || sm.device.type != DeviceType::kCPU || p.kv_lens.device.type != DeviceType::kCPU ||
+      p.block_table.device.type != DeviceType::kCPU)
+    return Status::Ok();
+  const int64_t page = plan.config.page_size;
+  const int32_t* bt = p.block_table.ptr<const int32_t>();
+  int64_t t = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t ql = p.device_lengths ? p.next_n : batch_q_len(p, b);
+    const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
+    bool padded = false;
+    for (int64_t i = 0; i < ql; ++i, ++t) {
+      const int64_t v = sm.ptr<const int64_t>()[t * sm.stride[0]];
+      const int64_t pos = kl - ql + i;
+      const int64_t want = int64_t{bt[b * p.block_table.stride[0] + (pos / page) * p.block_table.stride[1]]} * page + pos % page;
+      if (v == -1) {
+        padded = true;
+        continue;
+      }
+      if (v != want)
+        return invalid("slot_mapping[" + num(t) + "]: expected -1 (padded) or the token's block-table slot " + num(want) +
+                       " (sequence " + num(b) + ", position " + num(pos) + "), got " + num(v));
+      if (padded)
+        return invalid("slot_mapping[" + num(t) + "]: expected -1: an earlier token of sequence " + num(b) +
+                       " is padded (-1) and this one would attend it; put padding at the end of a sequence");
+    }
+  }
+  return Status::Ok();
+}
+
+// The batch of a graph-stable decode step (device_lengths): B sequences of next_n tokens, kv_lens
+// on the plan's device. *B and *T on success.
+Status check_device_batch(const Plan& plan, const StepParams& p, int64_t* B_out, int64_t* T_out) {
+  const PlannerConfig& cfg = plan.config;
+  if (p.q_lens.present() || p.cu_seqlens.present())
+    return invalid("q_lens, cu_seqlens: expected none with device_lengths (every sequence has next_n tokens), got " +
+                   describe(p.q_lens.present() ? p.q_lens : p.cu_seqlens));
+  if (p.next_n < 1 || p.next_n > cfg.max_next_n)
+    return invalid("next_n: expected 1 <= next_n <= the plan's max_next_n = " + num(cfg.max_next_n) +
+                   " (device_lengths), got " + num(p.next_n));
+  const TensorDesc& kv = p.kv_lens;
+  if (!kv.present() || kv.dtype != DType::kI32 || kv.ndim != 1 || kv.device != cfg.device || kv.data == nullptr)
+    return invalid("kv_lens: expected a [B] i32 tensor on the plan's device " + std::string(device_type_name(cfg.device.type)) +
+                   " (device_lengths), got " + describe(kv));
+  const int64_t B = kv.shape[0];
+  if (B > cfg.max_seqs_per_step)
+    return limit("batch: B = " + num(B) + " sequences exceeds the plan's max_seqs_per_step = " + num(cfg.max_seqs_per_step));
+  const int64_t T = B * p.next_n;
+  if (T > plan.max_rows)
+    return limit("batch: B * next_n = " + num(T) + " rows exceeds the plan's " + num(plan.max_rows) + " rows");
+  if (plan.rows_per_chunk(cfg.max_context) < 1)
+    return limit("device_lengths: expected a plan that scores a row of max_context = " + num(cfg.max_context) +
+                 " keys whole, but it tiles such rows (score_budget_bytes = " + num(plan.score_budget_bytes) +
+                 "; raise it to at least " + num(plan.chunk_bytes(1, cfg.max_context)) + " or lower max_context)");
+  if (kv.device.type == DeviceType::kCPU) {  // host-readable here: checked like host-planned lengths
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t kl = kv.ptr<const int32_t>()[b * kv.stride[0]];
+      if (kl < p.next_n)
+        return invalid("kv_lens[" + num(b) + "]: expected >= next_n = " + num(p.next_n) + ", got " + num(kl));
+      if (kl > cfg.max_context)
+        return limit("kv_lens[" + num(b) + "] = " + num(kl) + " exceeds the plan's max_context = " + num(cfg.max_context));
+    }
+  }
+  if (p.block_table.present() && p.block_table.ndim == 2 && p.block_table.shape[1] * cfg.page_size < p.next_n)
+    return invalid("block_table: expected max_blocks * page_size >= next_n = " + num(p.next_n) + ", got max_blocks = " +
+                   num(p.block_table.shape[1]));
+  *B_out = B;
+  *T_out = T;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
@@ -115,22 +197,29 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
   if (p.role != IndexerRole::kFull && p.role != IndexerRole::kShared && p.role != IndexerRole::kMtp)
     return invalid("role: expected full, shared or mtp");
   const bool scores = p.role != IndexerRole::kShared;
-  if (Status st = check_q_lens(p); !st.ok()) return st;
-  if (!host_i32_vector(p.kv_lens)) return invalid("kv_lens: expected a [B] i32 tensor in host memory");
-  const int64_t B = batch_size(p);
-  if (p.kv_lens.shape[0] != B)
-    return invalid("kv_lens: expected [B = " + num(B) + "] like q_lens, got [" + num(p.kv_lens.shape[0]) + "]");
-  if (B > cfg.max_seqs_per_step)
-    return limit("batch: B = " + num(B) + " sequences exceeds the plan's max_seqs_per_step = " + num(cfg.max_seqs_per_step));
+  int64_t B = 0, dev_T = 0;
+  if (p.device_lengths) {
+    if (Status st = check_device_batch(plan, p, &B, &dev_T); !st.ok()) return st;
+  } else {
+    if (Status st = check_q_lens(p); !st.ok()) return st;
+    if (!host_i32_vector(p.kv_lens)) return invalid("kv_lens: expected a [B] i32 tensor in host memory, got " + describe(p.kv_lens));
+    B = batch_size(p);
+    if (p.kv_lens.shape[0] != B)
+      return invalid("kv_lens: expected [B = " + num(B) + "] like q_lens, got [" + num(p.kv_lens.shape[0]) + "]");
+    if (B > cfg.max_seqs_per_step)
+      return limit("batch: B = " + num(B) + " sequences exceeds the plan's max_seqs_per_step = " + num(cfg.max_seqs_per_step));
+  }
   if (!p.q.present() || p.q.ndim != 3 || p.q.shape[1] != H || p.q.shape[2] != kQkDim)
     return invalid("q: expected [T, H = " + num(H) + ", 576] (the plan's geometry)");
   const int64_t T = p.q.shape[0];
+  if (p.device_lengths && T != dev_T)
+    return invalid("q: expected T = B * next_n = " + num(dev_T) + " rows (device_lengths), got " + num(T));
   if (T > plan.max_rows)
     return limit("batch: T = " + num(T) + " tokens exceeds the plan's max_tokens_per_step = " + num(cfg.max_tokens_per_step) +
                  (plan.max_rows > cfg.max_tokens_per_step ? " (max_seqs_per_step * max_next_n = " + num(plan.max_rows) + " rows)" : ""));
   if (p.q.device != dev) return invalid("q: expected on the plan's device " + std::string(device_type_name(dev.type)));
-  int64_t sum_q = 0;
-  for (int64_t b = 0; b < B; ++b) {
+  int64_t sum_q = p.device_lengths ? T : 0;
+  for (int64_t b = 0; b < B && !p.device_lengths; ++b) {
     const int64_t ql = batch_q_len(p, b);
     const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
     if (ql < 0 || ql > kl)
@@ -168,13 +257,14 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
     c.tensor(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kLatentDim, "512"}});
     c.tensor(p.lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
     c.optional(p.attn_sink, "attn_sink", {DType::kF32}, {{H, "H"}}, false);
-    c.optional(p.positions, "positions", {DType::kI32}, {{T, "T"}}, false);
+    c.optional(p.positions, "positions", {DType::kI32, DType::kI64}, {{T, "T"}}, false);
     if (scores) {
       c.tensor(p.index_q, "index_q", {DType::kBF16, DType::kF32}, {{T, "T"}, {Hi, "H_idx"}, {kIndexHeadDim, "128"}});
       c.tensor(p.index_w, "index_w", {DType::kBF16, DType::kF32}, {{T, "T"}, {Hi, "H_idx"}}, false);
       c.tensor(p.index_k, "index_k", {DType::kBF16, DType::kF32}, {{T, "T"}, {kIndexHeadDim, "128"}});
       c.tensor(p.cos_sin, "cos_sin", {DType::kF32}, {"max_positions", {kIndexRopeDim, "64"}});
     }
+    c.optional(p.slot_mapping, "slot_mapping", {DType::kI64}, {{T, "T"}}, false);
     c.optional(p.indices_in, "indices_in", {DType::kI32}, {{T, "T"}, {K, "topk"}});
     c.optional(p.indices_out, "indices_out", {DType::kI32}, {{T, "T"}, {K, "topk"}});
     if (!c.ok()) return c.status();
@@ -183,7 +273,11 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
     return Status(StatusCode::kWorkspaceTooSmall, std::string(kOp) + ": workspace: expected at least " +
                                                       num(plan.workspace_bytes) + " bytes (plan.workspace_bytes), got " +
                                                       (p.workspace ? num(static_cast<int64_t>(p.workspace_bytes)) : "none"));
+  if (p.slot_mapping.present() && p.slot_mapping.device != dev)
+    return invalid("slot_mapping: expected on the plan's device " + std::string(device_type_name(dev.type)) + ", got " +
+                   describe(p.slot_mapping));
   if (Status st = check_contents(plan, p, B, scores); !st.ok()) return st;
+  if (Status st = check_slot_mapping(plan, p, B); !st.ok()) return st;
   out->B = B;
   out->T = T;
   out->scores = scores;
@@ -193,15 +287,19 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
 Status validate_batch(const Plan& plan, const StepParams& p, BatchShape* out) {
   const PlannerConfig& cfg = plan.config;
   const Device dev = cfg.device;
-  if (Status st = check_q_lens(p); !st.ok()) return st;
-  if (!host_i32_vector(p.kv_lens)) return invalid("kv_lens: expected a [B] i32 tensor in host memory");
-  const int64_t B = batch_size(p);
-  if (p.kv_lens.shape[0] != B)
-    return invalid("kv_lens: expected [B = " + num(B) + "] like q_lens, got [" + num(p.kv_lens.shape[0]) + "]");
-  if (B > cfg.max_seqs_per_step)
-    return limit("batch: B = " + num(B) + " sequences exceeds the plan's max_seqs_per_step = " + num(cfg.max_seqs_per_step));
-  int64_t T = 0;
-  for (int64_t b = 0; b < B; ++b) {
+  int64_t B = 0, T = 0;
+  if (p.device_lengths) {
+    if (Status st = check_device_batch(plan, p, &B, &T); !st.ok()) return st;
+  } else {
+    if (Status st = check_q_lens(p); !st.ok()) return st;
+    if (!host_i32_vector(p.kv_lens)) return invalid("kv_lens: expected a [B] i32 tensor in host memory, got " + describe(p.kv_lens));
+    B = batch_size(p);
+    if (p.kv_lens.shape[0] != B)
+      return invalid("kv_lens: expected [B = " + num(B) + "] like q_lens, got [" + num(p.kv_lens.shape[0]) + "]");
+    if (B > cfg.max_seqs_per_step)
+      return limit("batch: B = " + num(B) + " sequences exceeds the plan's max_seqs_per_step = " + num(cfg.max_seqs_per_step));
+  }
+  for (int64_t b = 0; b < B && !p.device_lengths; ++b) {
     const int64_t ql = batch_q_len(p, b);
     const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
     if (ql < 0 || ql > kl)
@@ -217,7 +315,7 @@ Status validate_batch(const Plan& plan, const StepParams& p, BatchShape* out) {
   {
     ArgCheck c(kOp);
     c.tensor(p.block_table, "block_table", {DType::kI32}, {{B, "B"}, "max_blocks"});
-    c.optional(p.positions, "positions", {DType::kI32}, {{T, "T"}}, false);
+    c.optional(p.positions, "positions", {DType::kI32, DType::kI64}, {{T, "T"}}, false);
     if (!c.ok()) return c.status();
   }
   if (p.block_table.device != dev)
@@ -236,10 +334,16 @@ Status matches_prepared(const Step& s) {
   const Prepared& pr = s.state.prepared;
   const StepParams& p = s.p;
   if (!pr.valid) return invalid("run: expected a prepared batch (call prepare with the step's batch first)");
-  if (s.shape.B != pr.B || s.shape.T != pr.T)
+  if (p.device_lengths != pr.device_lengths)
+    return invalid(std::string("device_lengths: expected the prepared batch's (") + (pr.device_lengths ? "true" : "false") + ")");
+  if (p.device_lengths) {
+    if (s.shape.B != pr.B || p.next_n != pr.next_n || p.kv_lens.data != pr.kv_lens)
+      return invalid("kv_lens, next_n: expected the prepared batch's (B = " + num(pr.B) + ", next_n = " + num(pr.next_n) +
+                     ", the same kv_lens tensor), got B = " + num(s.shape.B) + ", next_n = " + num(p.next_n));
+  } else if (s.shape.B != pr.B || s.shape.T != pr.T)
     return invalid("q_lens: expected the prepared batch (B = " + num(pr.B) + ", T = " + num(pr.T) + "), got B = " +
                    num(s.shape.B) + ", T = " + num(s.shape.T));
-  for (int64_t b = 0; b < pr.B; ++b) {
+  for (int64_t b = 0; b < pr.B && !p.device_lengths; ++b) {
     const int32_t ql = batch_q_len(p, b);
     const int32_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
     if (ql != s.state.q_lens[static_cast<size_t>(b)] || kl != s.kv_lens_h[b])

@@ -15,9 +15,13 @@ Status write_caches(Step& s) {
   Status st;
   mark(s, Stage::kCache);
   CacheSlots where;
-  where.block_table = p.block_table;
-  where.token_seq = s.row_seq;
-  where.token_pos = s.token_pos;
+  if (p.slot_mapping.present()) {
+    where.slots = p.slot_mapping;  // -1: a padded token, written nowhere
+  } else {
+    where.block_table = p.block_table;
+    where.token_seq = s.row_seq;
+    where.token_pos = s.token_pos;
+  }
   {
     WriteMlaCacheParams w;
     w.kv_c = p.kv_c;
@@ -50,6 +54,30 @@ Status write_caches(Step& s) {
   }
   s.rep.ms_cache = ms_since(t0);
   return Status::Ok();
+}
+
+Status mask_padded(Step& s) {
+  const StepParams& p = s.p;
+  MaskPaddedArgs a;
+  a.slots = p.slot_mapping.ptr<const int64_t>();
+  a.slot_stride = p.slot_mapping.stride[0];
+  a.T = s.shape.T;
+  a.H = s.H;
+  a.D = kLatentDim;
+  a.out = static_cast<uint8_t*>(p.out.data);
+  a.out_s0 = p.out.stride[0];
+  a.out_s1 = p.out.stride[1];
+  a.out_es = static_cast<int64_t>(dtype_size(p.out.dtype));
+  a.lse = p.lse.ptr<float>();
+  a.lse_s0 = p.lse.stride[0];
+  a.lse_s1 = p.lse.stride[1];
+  if (p.indices_out.present()) {
+    a.ind = p.indices_out.ptr<int32_t>();
+    a.ind_s0 = p.indices_out.stride[0];
+    a.ind_s1 = p.indices_out.stride[1];
+    a.K = s.K;
+  }
+  return s.ops.mask_padded(a, p.stream);
 }
 
 }  // namespace step
