@@ -30,8 +30,10 @@ t1=$(date +%s)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # The C++ suites (CPU tests, adversarial, randomized, CLI). The package test installs and
-# builds a consumer without sanitizer flags: it is the plain build's job.
-ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" -E 'consumer_package|python_tests'
+# builds a consumer without sanitizer flags: it is the plain build's job. Tests labelled
+# python (the pytest suite, the engine-loop example) run an uninstrumented interpreter that
+# needs the runtime preloaded: they run in the Python stage below.
+ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" -E 'consumer_package' -LE python
 t2=$(date +%s)
 
 # Python: the interpreter is not instrumented, so the ASan runtime is preloaded; leak checking
@@ -43,6 +45,9 @@ if [ "${python_args[0]}" = -DDSA_BUILD_PYTHON=ON ] && /usr/bin/python3 -c "impor
     /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests \
       --ignore=python/tests/test_torch_cpu.py --ignore=python/tests/test_torch_cuda.py \
       --ignore=python/tests/test_hf_glue_torch.py --ignore=python/tests/test_transformers_integration.py
+  LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
+  DSA_UNDER_ASAN=1 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 PYTHONPATH="$build_dir/python" PYTHONDONTWRITEBYTECODE=1 \
+    /usr/bin/python3 examples/engine_loop.py
 fi
 t3=$(date +%s)
 echo "sanitize: build $((t1 - t0)) s, C++ tests $((t2 - t1)) s, Python tests $((t3 - t2)) s, total $((t3 - t0)) s"
