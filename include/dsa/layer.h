@@ -185,6 +185,11 @@ class Attention {
   Status run(const StepParams& p, StepReport* report = nullptr);
 
  private:
+  // The entry points' bodies; the public calls give every refusal one prefix, "attention_step:".
+  Status step_impl(const StepParams& p, StepReport* report);
+  Status prepare_impl(const StepParams& p, StepReport* report);
+  Status run_impl(const StepParams& p, StepReport* report);
+
   Plan plan_;
   Status status_;
   std::unique_ptr<core::step::StepState> state_;  // host staging, slots, events (src/core/step/)

@@ -78,15 +78,20 @@ def plan(geometry="deepseek-v3.2", **limits):
     return Planner(geometry, **limits).plan()
 
 
-def _next_n(op, next_n, q_lens, cu_seqlens):
+# The one prefix of every refusal of Attention.step / prepare / run (the C++ entry points' own).
+_STEP = "attention_step"
+
+
+def _next_n(next_n, q_lens, cu_seqlens):
     """0 (host-planned) or the graph-stable decode form's tokens per sequence."""
     if next_n is None:
         return 0
-    if isinstance(next_n, bool) or not isinstance(next_n, int) or next_n < 1:
-        raise ValueError("Attention.%s: next_n: expected an int >= 1 (graph-stable decode), got %r" % (op, next_n))
+    if isinstance(next_n, bool) or not isinstance(next_n, int):
+        raise TypeError("%s: next_n: expected an int >= 1 (graph-stable decode), got %s" % (_STEP, type(next_n).__name__))
+    if next_n < 1:
+        raise ValueError("%s: next_n: expected an int >= 1 (graph-stable decode), got %r" % (_STEP, next_n))
     if q_lens is not None or cu_seqlens is not None:
-        raise ValueError("Attention.%s: q_lens, cu_seqlens: expected None with next_n (every sequence has next_n "
-                         "tokens)" % op)
+        raise ValueError("%s: q_lens, cu_seqlens: expected None with next_n (every sequence has next_n tokens)" % _STEP)
     return next_n
 
 
@@ -148,14 +153,13 @@ class Attention:
         for every layer; allocated in block_table's framework and device) unless given.
         next_n=N (q_lens=None): the graph-stable decode form (see step).
         Returns the report dict (host_us: the host cost of the preparation)."""
-        op = "prepare"
-        _shape(op, "block_table", block_table, 2, "[B, max_blocks]")
-        ctx = Context(op, block_table, "block_table", stream)
+        _shape(_STEP, "block_table", block_table, 2, "[B, max_blocks]")
+        ctx = Context(_STEP, block_table, "block_table", stream)
         workspace = self._workspace_for(ctx, workspace)
         p = ctx.prep
         args = dict(q_lens=p(q_lens), cu_seqlens=p(cu_seqlens), kv_lens=p(kv_lens), block_table=p(block_table),
                     positions=p(positions), workspace=p(workspace), time_stages=bool(time_stages),
-                    next_n=_next_n(op, next_n, q_lens, cu_seqlens))
+                    next_n=_next_n(next_n, q_lens, cu_seqlens))
         with ctx.device_guard():
             return self._impl.step(args, ctx.stream, "prepare")
 
@@ -184,8 +188,8 @@ class Attention:
     def _layer(self, op, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k, index_w,
                cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in, indices_out,
                force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n=None, slot_mapping=None):
-        T, H, _ = _shape(op, "q", q, 3, "[T, H, 576]")
-        ctx = Context(op, q, "q", stream)
+        T, H, _ = _shape(_STEP, "q", q, 3, "[T, H, 576]")
+        ctx = Context(_STEP, q, "q", stream)
         if out is None:
             out = ctx.empty((T, H, 512), "f32" if dtype_name(q) == "float32" else "bf16", rep=q)
         if lse is None:
@@ -198,7 +202,7 @@ class Attention:
                     attn_sink=p(attn_sink), sm_scale=float(sm_scale), mla_cache=p(mla_cache),
                     index_cache=p(index_cache), indices_in=p(indices_in), indices_out=p(indices_out),
                     force_score=bool(force_score), out=p(out), lse=p(lse), workspace=p(workspace),
-                    time_stages=bool(time_stages), next_n=_next_n(op, next_n, q_lens, cu_seqlens),
+                    time_stages=bool(time_stages), next_n=_next_n(next_n, q_lens, cu_seqlens),
                     slot_mapping=p(slot_mapping))
         with ctx.device_guard():
             report = self._impl.step(args, ctx.stream, op)

@@ -26,13 +26,15 @@ void check(const dsa::Status& s) {
     case dsa::StatusCode::kInvalidArgument:
       if (s.message().find(": expected dtype ") != std::string::npos) throw py::type_error(s.message());
       throw py::value_error(s.message());
+    // The message alone: it starts with its entry point's prefix ("plan:", "attention_step:");
+    // the exception type carries the status class.
     case dsa::StatusCode::kLimitExceeded:
-    case dsa::StatusCode::kWorkspaceTooSmall: throw py::value_error(s.to_string());
+    case dsa::StatusCode::kWorkspaceTooSmall: throw py::value_error(s.message());
     case dsa::StatusCode::kUnsupported:
-      PyErr_SetString(PyExc_NotImplementedError, s.to_string().c_str());
+      PyErr_SetString(PyExc_NotImplementedError, s.message().c_str());
       throw py::error_already_set();
     case dsa::StatusCode::kOutOfMemory:
-      PyErr_SetString(PyExc_MemoryError, s.to_string().c_str());
+      PyErr_SetString(PyExc_MemoryError, s.message().c_str());
       throw py::error_already_set();
     default: throw std::runtime_error(s.to_string());
   }
@@ -41,10 +43,10 @@ void check(const dsa::Status& s) {
 // d[key] as T, or fallback when absent / None; a value that does not convert (a string for an
 // int, an int past the field's range) is a TypeError naming the key.
 template <typename T>
-T get(const py::dict& d, const char* key, T fallback) {
+T get(const py::dict& d, const char* key, T fallback, const char* who = "plan") {
   if (!d.contains(key) || d[key].is_none()) return fallback;
   auto bad = [&]() {
-    return py::type_error("plan: " + std::string(key) + ": expected " +
+    return py::type_error(std::string(who) + ": " + std::string(key) + ": expected " +
                           (std::is_same<T, std::string>::value ? "a string"
                            : std::is_same<T, bool>::value      ? "a bool"
                            : std::is_floating_point<T>::value  ? "a number"
@@ -302,19 +304,19 @@ void bind_layer(py::module_& m) {
         // call: "step" (one layer's whole step), "prepare" (the batch fields only) or "run"
         // (a layer over the prepared batch): dsa/layer.h.
         if (call != "step" && call != "prepare" && call != "run")
-          throw py::value_error("step: call: expected 'step', 'prepare' or 'run', got '" + call + "'");
+          throw py::value_error("attention_step: call: expected 'step', 'prepare' or 'run', got '" + call + "'");
         const bool batch_only = call == "prepare";
-        Importer im(call.c_str(), stream);
+        Importer im("attention_step", stream);  // one prefix for every refusal of the step
         dsa::StepParams p;
-        const std::string role = get<std::string>(a, "role", "full");
+        const std::string role = get<std::string>(a, "role", "full", "attention_step");
         if (role == "full") p.role = dsa::IndexerRole::kFull;
         else if (role == "shared") p.role = dsa::IndexerRole::kShared;
         else if (role == "mtp") p.role = dsa::IndexerRole::kMtp;
-        else throw py::value_error("step: role: expected 'full', 'shared' or 'mtp', got '" + role + "'");
+        else throw py::value_error("attention_step: role: expected 'full', 'shared' or 'mtp', got '" + role + "'");
         p.q_lens = im.tensor(item(a, "q_lens"), "q_lens");
         p.cu_seqlens = im.tensor(item(a, "cu_seqlens"), "cu_seqlens");
         p.kv_lens = im.tensor(item(a, "kv_lens"), "kv_lens");
-        p.next_n = get<int64_t>(a, "next_n", 0);
+        p.next_n = get<int64_t>(a, "next_n", 0, "attention_step");
         p.device_lengths = p.next_n > 0;  // graph-stable decode (dsa/layer.h)
         p.block_table = im.tensor(item(a, "block_table"), "block_table");
         p.positions = im.tensor(item(a, "positions"), "positions");
@@ -326,9 +328,9 @@ void bind_layer(py::module_& m) {
         p.index_k = im.tensor(item(a, "index_k"), "index_k", Reinterpret::kBF16);
         p.index_w = im.tensor(item(a, "index_w"), "index_w", Reinterpret::kBF16);
         p.cos_sin = im.tensor(item(a, "cos_sin"), "cos_sin");
-        p.hadamard = get<bool>(a, "hadamard", false);
+        p.hadamard = get<bool>(a, "hadamard", false, "attention_step");
         p.attn_sink = im.tensor(item(a, "attn_sink"), "attn_sink");
-        p.sm_scale = get<float>(a, "sm_scale", 0.0f);
+        p.sm_scale = get<float>(a, "sm_scale", 0.0f, "attention_step");
         const int cache_dtype = self.attn->plan().config.cache_dtype == dsa::MlaCacheDtype::kFP8 ? 1 : 0;
         const int64_t page = self.attn->plan().config.page_size;
         if (!batch_only) p.mla_cache = im.mla_cache(item(a, "mla_cache"), "mla_cache", cache_dtype, page, true);
@@ -337,12 +339,12 @@ void bind_layer(py::module_& m) {
         }
         p.indices_in = im.tensor(item(a, "indices_in"), "indices_in");
         p.indices_out = im.tensor(item(a, "indices_out"), "indices_out", Reinterpret::kNone, true);
-        p.force_score = get<bool>(a, "force_score", false);
+        p.force_score = get<bool>(a, "force_score", false, "attention_step");
         if (!batch_only) {
           p.out = im.tensor(item(a, "out"), "out", Reinterpret::kBF16, true);
           p.lse = im.tensor(item(a, "lse"), "lse", Reinterpret::kNone, true);
         }
-        p.time_stages = get<bool>(a, "time_stages", false);
+        p.time_stages = get<bool>(a, "time_stages", false, "attention_step");
         if (!item(a, "workspace").is_none()) {
           const dsa_py::Imported ws = im.raw(item(a, "workspace"), "workspace", true);
           // The step takes one flat byte range: only a C-contiguous array is one (a reversed or
@@ -350,14 +352,14 @@ void bind_layer(py::module_& m) {
           int64_t n = ws.itemsize, expect = 1;
           for (int i = ws.ndim - 1; i >= 0; --i) {
             if (ws.shape[i] > 1 && ws.stride[i] != expect) {
-              throw py::value_error("step: workspace: expected a C-contiguous array (one flat byte range), got stride " +
+              throw py::value_error("attention_step: workspace: expected a C-contiguous array (one flat byte range), got stride " +
                                     std::to_string(ws.stride[i]) + " elements in dim " + std::to_string(i) +
                                     " (use a contiguous buffer of plan.workspace_bytes bytes)");
             }
             expect *= ws.shape[i];
           }
           for (int i = 0; i < ws.ndim; ++i) {
-            if (__builtin_mul_overflow(n, ws.shape[i], &n)) throw py::value_error("step: workspace: its byte size overflows int64");
+            if (__builtin_mul_overflow(n, ws.shape[i], &n)) throw py::value_error("attention_step: workspace: its byte size overflows int64");
           }
           p.workspace = ws.data;
           p.workspace_bytes = static_cast<size_t>(n);

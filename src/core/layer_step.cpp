@@ -71,6 +71,15 @@ Status finish(st::Step& s, Status r, st::Clock::time_point t_begin, StepReport* 
   return r;
 }
 
+// One prefix per entry point: every refusal of step / prepare / run reads "attention_step: ...",
+// including one an inner op (a cache write, the scorer) returned under its own name.
+Status one_prefix(Status st) {
+  if (st.ok()) return st;
+  const std::string prefix = std::string(st::kOp) + ": ";
+  if (st.message().compare(0, prefix.size(), prefix) == 0) return st;
+  return Status(st.code(), prefix + st.message());
+}
+
 }  // namespace
 
 const char* route_name(Route r) {
@@ -98,7 +107,11 @@ Status Attention::create(const Plan& plan, std::unique_ptr<Attention>* out) {
 
 Attention::~Attention() = default;
 
-Status Attention::step(const StepParams& p, StepReport* report) {
+Status Attention::step(const StepParams& p, StepReport* report) { return one_prefix(step_impl(p, report)); }
+Status Attention::prepare(const StepParams& p, StepReport* report) { return one_prefix(prepare_impl(p, report)); }
+Status Attention::run(const StepParams& p, StepReport* report) { return one_prefix(run_impl(p, report)); }
+
+Status Attention::step_impl(const StepParams& p, StepReport* report) {
   if (!status_.ok()) return status_;
   const auto t_begin = st::Clock::now();
   StepReport rep;
@@ -110,14 +123,21 @@ Status Attention::step(const StepParams& p, StepReport* report) {
   SlotRelease release{s};
   if (s.ops.queued() && !(status = s.ops.capturing(p.stream, &s.capturing)).ok()) return status;
   // GPU stage times: only when asked, on a queued backend, outside capture.
+  // Device-resident inputs of an eager step, read and checked before anything is written.
+  st::DeviceInputFacts facts;
+  if (!(status = st::check_device_inputs(s, &facts)).ok() || !(status = st::check_device_facts(s, facts)).ok())
+    return status;
   if (!(status = state_->timer.begin(s.ops, s.dev, p.stream, p.time_stages && s.ops.queued() && !s.capturing)).ok())
     return status;
   status = prepare_batch(s, release);
-  if (status.ok()) status = run_layer(s, release, false);
+  if (status.ok()) {
+    state_->prepared.facts = facts;
+    status = run_layer(s, release, false);
+  }
   return finish(s, status, t_begin, report);
 }
 
-Status Attention::prepare(const StepParams& p, StepReport* report) {
+Status Attention::prepare_impl(const StepParams& p, StepReport* report) {
   if (!status_.ok()) return status_;
   const auto t_begin = st::Clock::now();
   StepReport rep;
@@ -129,14 +149,17 @@ Status Attention::prepare(const StepParams& p, StepReport* report) {
   if (!status.ok()) return status;
   SlotRelease release{s};
   if (s.ops.queued() && !(status = s.ops.capturing(p.stream, &s.capturing)).ok()) return status;
+  st::DeviceInputFacts facts;  // held against each layer's caches by run()
+  if (!(status = st::check_device_inputs(s, &facts)).ok()) return status;
   if (!(status = state_->timer.begin(s.ops, s.dev, p.stream, p.time_stages && s.ops.queued() && !s.capturing)).ok())
     return status;
   status = prepare_batch(s, release);
+  if (status.ok()) state_->prepared.facts = facts;
   s.score_offset = state_->prepared.score_offset;
   return finish(s, status, t_begin, report);
 }
 
-Status Attention::run(const StepParams& p, StepReport* report) {
+Status Attention::run_impl(const StepParams& p, StepReport* report) {
   if (!status_.ok()) return status_;
   const auto t_begin = st::Clock::now();
   StepReport rep;
@@ -147,6 +170,11 @@ Status Attention::run(const StepParams& p, StepReport* report) {
   if (!status.ok()) return status;
   SlotRelease release{s};
   if (s.ops.queued() && !(status = s.ops.capturing(p.stream, &s.capturing)).ok()) return status;
+  if (state_->prepared.valid) {  // else run_layer refuses the unprepared batch
+    st::DeviceInputFacts& facts = state_->prepared.facts;
+    if (!(status = st::check_device_inputs(s, &facts)).ok() || !(status = st::check_device_facts(s, facts)).ok())
+      return status;
+  }
   if (!(status = state_->timer.begin(s.ops, s.dev, p.stream, p.time_stages && s.ops.queued() && !s.capturing)).ok())
     return status;
   status = run_layer(s, release, true);

@@ -114,7 +114,7 @@ StatusCode read_indexer_cache(const ReadIndexerCacheParams& p) {
   const int64_t* slots = p.slots.ptr<const int64_t>();
   uint8_t* k = p.k.ptr<uint8_t>();
   float* ks = p.k_scale.ptr<float>();
-  parallel_for(T, kTokenGrain, [&](int64_t b, int64_t e) {
+  return parallel_for(T, kTokenGrain, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t slot = slots[t * p.slots.stride[0]];
       if (slot < 0) continue;
@@ -124,7 +124,6 @@ StatusCode read_indexer_cache(const ReadIndexerCacheParams& p) {
       std::memcpy(&ks[t * p.k_scale.stride[0]], blk + page * kIndexHeadDim + off * 4, 4);
     }
   });
-  return StatusCode::kOk;
 }
 
 StatusCode read_mla_cache(const ReadMlaCacheParams& p) {

@@ -298,16 +298,17 @@ StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::M
 
   // 1. the weight in f32 and the latents.
   const TensorDesc& W = p.kv_b_proj;
-  parallel_for(N, 256, [&](int64_t r0, int64_t r1) {
+  StatusCode sc = parallel_for(N, 256, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const uint16_t* src = W.ptr<uint16_t>() + r * W.stride[0];
       for (int64_t k = 0; k < kLatent; ++k) w[r * kLatent + k] = bf16_to_float(src[k]);
     }
   });
+  if (sc != StatusCode::kOk) return sc;
   const int64_t page = p.cache.page_size;
   const uint8_t* cache = static_cast<const uint8_t*>(p.cache.data);
   const bool fp8 = p.cache.dtype == MlaCacheDtype::kFP8;
-  parallel_for(nb, 1, [&](int64_t s0, int64_t s1) {
+  sc = parallel_for(nb, 1, [&](int64_t s0, int64_t s1) {
     for (int64_t b = s0; b < s1; ++b) {
       const int32_t* bt = p.block_table.ptr<int32_t>() + (g.b0 + b) * p.block_table.stride[0];
       for (int64_t j = 0; j < off[b + 1] - off[b]; ++j) {
@@ -333,11 +334,12 @@ StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::M
       }
     }
   });
+  if (sc != StatusCode::kOk) return sc;
 
   // 2. decompression: kv[j][n] = bf16(Σ_k latent[j][k] w[n][k]).
   const int64_t row_tiles = (tokens + kTileTokens - 1) / kTileTokens;
   const int64_t col_tiles = (N + kTileCols - 1) / kTileCols;
-  parallel_for(row_tiles * col_tiles, 1, [&](int64_t i0, int64_t i1) {
+  sc = parallel_for(row_tiles * col_tiles, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> tile(static_cast<size_t>(kTileTokens) * kTileCols);
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t ct = it % col_tiles, rt = it / col_tiles;
@@ -350,6 +352,7 @@ StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::M
       }
     }
   });
+  if (sc != StatusCode::kOk) return sc;
 
   // 3. attention, one item per (sequence, query block, head); cheap and expensive blocks
   // interleaved so that contiguous ranges of items carry similar loads.
@@ -365,7 +368,7 @@ StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::M
   }
   const Ctx c{p, H, nope, v, nope + kRope, N, kv, latent};
   const int64_t nblk = static_cast<int64_t>(blocks.size());
-  parallel_for(nblk * H, 1, [&](int64_t i0, int64_t i1) {
+  sc = parallel_for(nblk * H, 1, [&](int64_t i0, int64_t i1) {
     Scratch s(static_cast<int>(nope + kRope), static_cast<int>(v));
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t r = it / H, h = it % H;
@@ -376,6 +379,7 @@ StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::M
       attend(c, h, item.t0, item.i0, item.nr, kv_len - q_len, off[item.b], s);
     }
   });
+  if (sc != StatusCode::kOk) return sc;
   return StatusCode::kOk;
 }
 

@@ -40,6 +40,10 @@ class CpuStepOps final : public core::step::DeviceOps {
     if (bytes > 0) std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
+  Status download(void* dst, const void* src, size_t bytes, void*) const override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
   Status decode_rows(const core::step::DecodeRowsArgs& a, void*) const override {
     core::step::decode_rows_host(a);
     return Status::Ok();
@@ -75,6 +79,7 @@ class UnsupportedStepOps final : public core::step::DeviceOps {
     return Status::Ok();
   }
   Status upload(void*, const void*, size_t bytes, void*) const override { return bytes == 0 ? Status::Ok() : no(); }
+  Status download(void*, const void*, size_t bytes, void*) const override { return bytes == 0 ? Status::Ok() : no(); }
   Status decode_rows(const core::step::DecodeRowsArgs&, void*) const override { return no(); }
   Status mask_padded(const core::step::MaskPaddedArgs&, void*) const override { return no(); }
 };

@@ -106,6 +106,14 @@ class CudaStepOps final : public core::step::DeviceOps {
     }
     return Status::Ok();
   }
+  Status download(void* dst, const void* src, size_t bytes, void* stream) const override {
+    if (bytes == 0) return Status::Ok();
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) return cuda_error("cannot read a device-resident step input for its pre-write check", e);
+    return Status::Ok();
+  }
   Status decode_rows(const core::step::DecodeRowsArgs& a, void* stream) const override {
     return launch_decode_rows(a, stream);
   }

@@ -270,12 +270,15 @@ GpuStepOut gpu_layer(sb::Batch& b, IndexerRole role, const std::vector<int64_t>&
   p.workspace = ws.data();
   p.workspace_bytes = ws.size();
   p.stream = s;
-  cudaDeviceSynchronize();  // the uploads (legacy stream) before work on the non-blocking one
+  DeviceBuffer cws;  // allocated (and zeroed on the legacy stream) before the synchronisation below
+  if (comm) cws.reset(static_cast<size_t>(dist::cp_workspace_size(plan, comm->size())));
+  // Every upload and fill (legacy stream) before work on the non-blocking one: a fill still
+  // queued there, behind another rank thread's uploads, would land on this rank's gathered keys.
+  cudaDeviceSynchronize();
   if (!comm) {
     r.status = attn.step(p);
   } else {
     dist::ContextParallel cp(plan, comm);
-    DeviceBuffer cws(static_cast<size_t>(dist::cp_workspace_size(plan, comm->size())));
     dist::CpStepParams c;
     c.step = p;
     c.q_lens = p.q_lens;

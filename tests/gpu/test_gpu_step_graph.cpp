@@ -707,3 +707,113 @@ TEST(GpuStepGraph, I64PositionsSlotMappingAndPaddedTokens) {
     }
   }
 }
+
+namespace {
+
+uint64_t checksum(const std::vector<uint8_t>& bytes) {  // FNV-1a
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t c : bytes) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+// Atomic eager steps over device-resident inputs: a block table naming no page (or one past a
+// layer's cache), positions past cos_sin and slot mappings that disagree with the block table
+// live in device memory, yet each is refused before either cache is written (both caches'
+// checksums unchanged), by step, prepare and run alike; the same object then serves the valid
+// batch bit-identically to a fresh one.
+TEST(GpuStepGraph, RefusedDeviceInputsLeaveBothCachesUntouched) {
+  DSA_REQUIRE_GPU();
+  const Batch b = make_batch({{3, 40}, {4, 100}, {2, 2}, {1, 80}}, 92);
+  Plan plan;
+  ASSERT_TRUE(make_plan(config(b.T, b.B, b.max_kv, kDefaultScoreBudgetBytes), &plan).ok());
+  StreamGuard stream;
+  DeviceBuffer ws(static_cast<size_t>(plan.workspace_bytes), 0x7F);
+  DeviceStep st(b, ws.data(), ws.size(), stream.s);
+  Snapshot ref;
+  {
+    Attention fresh(plan);
+    const Status r = fresh.step(st.p);
+    ASSERT_TRUE(r.ok()) << r.to_string();
+    DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+    ref = snapshot(st);
+  }
+  const uint64_t mla0 = checksum(b.mla), idx0 = checksum(b.idx);
+  Attention attn(plan);
+  auto refused = [&](const char* what, const std::string& expect, auto&& call) {
+    st.reset();
+    const Status r = call();
+    EXPECT_EQ(r.code(), StatusCode::kInvalidArgument) << what << ": " << r.to_string();
+    EXPECT_EQ(r.message().rfind("attention_step: ", 0), 0u) << what << ": " << r.message();
+    EXPECT_NE(r.message().find(expect), std::string::npos) << what << ": " << r.message();
+    DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+    EXPECT_EQ(checksum(st.mla.download<uint8_t>()), mla0) << what << ": the MLA cache was written";
+    EXPECT_EQ(checksum(st.idx.download<uint8_t>()), idx0) << what << ": the indexer cache was written";
+  };
+  const int64_t mb = b.max_blocks;
+  std::vector<int32_t> table = b.block_table;
+  // Sequence 1 (kv_len 100) covers pages 0..6; its page 5 is replaced.
+  table[1 * mb + 5] = -1;
+  DeviceBuffer neg(table);
+  table[1 * mb + 5] = static_cast<int32_t>(b.num_blocks);
+  DeviceBuffer past(table);
+  const TensorDesc good_bt = st.p.block_table;
+  refused("block table -1", "block_table[1, 5]: expected a page >= 0", [&] {
+    st.p.block_table = dev_tensor(neg, DType::kI32, {b.B, mb});
+    return attn.step(st.p);
+  });
+  refused("block table past the caches", "block_table[1, 5]: expected a page in [0, num_blocks", [&] {
+    st.p.block_table = dev_tensor(past, DType::kI32, {b.B, mb});
+    return attn.step(st.p);
+  });
+  refused("prepare, block table -1", "block_table[1, 5]", [&] {
+    st.p.block_table = dev_tensor(neg, DType::kI32, {b.B, mb});
+    return attn.prepare(st.p);
+  });
+  refused("run, a page past the layer's caches", "expected a page in [0, num_blocks", [&] {
+    st.p.block_table = dev_tensor(past, DType::kI32, {b.B, mb});
+    const Status pr = attn.prepare(st.p);  // prepare has no caches: the page range is each run's
+    if (!pr.ok()) return pr;
+    return attn.run(st.p);
+  });
+  st.p.block_table = good_bt;
+
+  std::vector<int64_t> pos, slots;
+  for (int64_t s = 0; s < b.B; ++s)
+    for (int32_t i = 0; i < b.q_lens[s]; ++i) {
+      const int64_t p = b.kv_lens[s] - b.q_lens[s] + i;
+      pos.push_back(p);
+      slots.push_back(int64_t{b.block_table[s * mb + p / kPage]} * kPage + p % kPage);
+    }
+  std::vector<int64_t> bad_pos = pos;
+  bad_pos[4] = kMaxPos;
+  DeviceBuffer dbad_pos(bad_pos);
+  refused("positions past cos_sin", "positions[4]: expected 0 <= position < cos_sin rows", [&] {
+    st.p.positions = dev_tensor(dbad_pos, DType::kI64, {b.T});
+    return attn.step(st.p);
+  });
+  st.p.positions = TensorDesc{};
+  std::vector<int64_t> bad_slots = slots;
+  bad_slots[6] += 1;
+  DeviceBuffer dbad_slots(bad_slots);
+  refused("slot mapping off its block-table slot", "slot_mapping[6]: expected -1 (padded) or the token's", [&] {
+    st.p.slot_mapping = dev_tensor(dbad_slots, DType::kI64, {b.T});
+    return attn.step(st.p);
+  });
+  bad_slots = slots;
+  bad_slots[3] = -1;  // sequence 1's first token padded, its second not
+  DeviceBuffer dpad_first(bad_slots);
+  refused("padding before a real token", "an earlier token of sequence 1 is padded", [&] {
+    st.p.slot_mapping = dev_tensor(dpad_first, DType::kI64, {b.T});
+    return attn.step(st.p);
+  });
+  st.p.slot_mapping = TensorDesc{};
+
+  // The same object, after every refusal, serves the valid batch like a fresh one.
+  st.reset();
+  const Status r = attn.step(st.p);
+  ASSERT_TRUE(r.ok()) << r.to_string();
+  DSA_CUDA_OK(cudaStreamSynchronize(stream.s));
+  EXPECT_TRUE(same(snapshot(st), ref, "after refused steps"));
+}

@@ -365,6 +365,79 @@ bool make_plan_for(const Options& o, const dsa::ModelGeometry& g, int64_t tokens
   return st.ok();
 }
 
+// The host cost of the step per layer (issue 15): one batch run as `layers` layers, once as
+// step() per layer (v0.1's only form) and once as prepare() + run() per layer (and, with
+// `device_kv`, as the graph-stable decode form over device lengths). Every call is timed alone,
+// the device idle before it, from StepReport::host_us: the figures are the host's own work,
+// not waits behind queued GPU work. Means per layer; prepare once per batch.
+struct HostCost {
+  int layers = 0;
+  double step_us = 0, prepare_us = 0, run_us = 0, dl_prepare_us = 0, dl_run_us = 0;
+  bool dl = false;
+  std::string json() const {
+    char b[320];
+    std::snprintf(b, sizeof(b), "{\"layers\": %d, \"step\": %.2f, \"prepare\": %.2f, \"run\": %.2f", layers, step_us,
+                  prepare_us, run_us);
+    std::string j = b;
+    if (dl) {
+      std::snprintf(b, sizeof(b), ", \"device_lengths_prepare\": %.2f, \"device_lengths_run\": %.2f", dl_prepare_us, dl_run_us);
+      j += b;
+    }
+    return j + "}";
+  }
+  std::string text() const {
+    char b[400];
+    std::snprintf(b, sizeof(b),
+                  "    host us per layer (each call alone, mean of %d layers): step() %.1f | prepare() %.1f once + run() %.1f "
+                  "per layer",
+                  layers, step_us, prepare_us, run_us);
+    std::string t = b;
+    if (dl) {
+      std::snprintf(b, sizeof(b), " | device lengths: prepare() %.1f + run() %.1f", dl_prepare_us, dl_run_us);
+      t += b;
+    }
+    return t + "\n";
+  }
+};
+
+std::string host_cost(const Options& o, dsa::Attention& attn, const dsa::StepParams& p, int layers, const Mem* device_kv,
+                      int64_t next_n, HostCost* out) {
+  HostCost c;
+  c.layers = layers;
+  dsa::StepReport rep;
+  std::string e;
+  auto one = [&](dsa::Status (dsa::Attention::*call)(const dsa::StepParams&, dsa::StepReport*), const dsa::StepParams& q,
+                 double* acc) -> std::string {
+    if (!(e = sync(o)).empty()) return e;
+    const dsa::Status st = (attn.*call)(q, &rep);
+    if (!st.ok()) return st.to_string();
+    *acc += rep.host_us;
+    return "";
+  };
+  for (int l = 0; l < layers; ++l)
+    if (!(e = one(&dsa::Attention::step, p, &c.step_us)).empty()) return "host cost, step: " + e;
+  if (!(e = one(&dsa::Attention::prepare, p, &c.prepare_us)).empty()) return "host cost, prepare: " + e;
+  for (int l = 0; l < layers; ++l)
+    if (!(e = one(&dsa::Attention::run, p, &c.run_us)).empty()) return "host cost, run: " + e;
+  if (device_kv) {
+    dsa::StepParams q = p;
+    q.q_lens = dsa::TensorDesc{};
+    q.kv_lens = dsa::make_tensor(device_kv->get(), dsa::DType::kI32, {p.kv_lens.shape[0]}, p.q.device);
+    q.device_lengths = true;
+    q.next_n = next_n;
+    c.dl = true;
+    if (!(e = one(&dsa::Attention::prepare, q, &c.dl_prepare_us)).empty()) return "host cost, device-lengths prepare: " + e;
+    for (int l = 0; l < layers; ++l)
+      if (!(e = one(&dsa::Attention::run, q, &c.dl_run_us)).empty()) return "host cost, device-lengths run: " + e;
+    c.dl_run_us /= layers;
+  }
+  c.step_us /= layers;
+  c.run_us /= layers;
+  if (!(e = sync(o)).empty()) return e;
+  *out = c;
+  return "";
+}
+
 }  // namespace
 
 Result bench_layer_prefill(const Options& o, const Pools* pools, const std::string& preset, int64_t S, int64_t step,
@@ -433,6 +506,15 @@ Result bench_layer_prefill(const Options& o, const Pools* pools, const std::stri
     if (ok && !e.empty()) { r.error = e; ok = false; }
   }
   if (!ok) return r;
+  // The host cost per layer, at the last step's batch (its tokens rewritten in place).
+  HostCost hc;
+  {
+    const int64_t s0 = (nsteps - 1) * step, n = S - s0;
+    int32_t ql = static_cast<int32_t>(n), kl = static_cast<int32_t>(S);
+    const dsa::StepParams p = step_params(g, in, n, 1, &ql, &kl, bt, pages, cs, S, mdesc, idesc, ws, d);
+    const std::string e = host_cost(o, *attn, p, 4, nullptr, 1, &hc);
+    if (!e.empty()) { r.error = e; return r; }
+  }
 
   Stages total;
   std::string steps_json;
@@ -458,11 +540,12 @@ Result bench_layer_prefill(const Options& o, const Pools* pools, const std::stri
   }
   r.ms_min = r.ms;
   r.json_extra = ", \"gpu_timed\": " + std::string(total.gpu ? "true" : "false") + ", \"stages\": " + total.json() +
-                 ", \"steps\": [" + steps_json + "]" + ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes);
+                 ", \"steps\": [" + steps_json + "]" + ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes) +
+                 ", \"host_us_per_layer\": " + hc.json();
   r.text_extra = std::string("    ") +
                  (o.cpu ? std::string("cpu stage ms, summed over the steps: ")
                         : total.gpu ? std::string("gpu stage ms, summed over the steps: ") : std::string(kNotMeasured) + "\n    host ms: ") +
-                 total.text() + "\n" + r.text_extra;
+                 total.text() + "\n" + hc.text() + r.text_extra;
   r.ok = true;
   return r;
 }
@@ -548,12 +631,20 @@ Result bench_layer_decode(const Options& o, const Pools* pools, const std::strin
     mean.add(rep, 1.0 / n);
   }
   if (!sync(o).empty()) { r.ok = false; r.error = "stage series: " + sync(o); return r; }
+  // The host cost per layer: host-planned and device-length forms of the same batch.
+  HostCost hc;
+  {
+    Mem dkv(o.cpu, static_cast<size_t>(B * 4));
+    if (!dkv.ok() || !fill.upload(dkv, kl.data(), static_cast<size_t>(B * 4))) { r.ok = false; r.error = kAllocFailed; return r; }
+    const std::string e = host_cost(o, *attn, params(0), 16, &dkv, next_n, &hc);
+    if (!e.empty()) { r.ok = false; r.error = e; return r; }
+  }
   r.json_extra = ", \"gpu_timed\": " + std::string(mean.gpu ? "true" : "false") + ", \"stages\": " + mean.json() +
-                 ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes);
+                 ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes) + ", \"host_us_per_layer\": " + hc.json();
   r.text_extra = std::string("    ") +
                  (o.cpu ? std::string("cpu stage ms, mean per step: ")
                         : mean.gpu ? std::string("gpu stage ms, mean per step: ") : std::string(kNotMeasured) + "\n    host ms: ") +
-                 mean.text() + "\n";
+                 mean.text() + "\n" + hc.text();
   return r;
 }
 

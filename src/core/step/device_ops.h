@@ -60,6 +60,9 @@ class DeviceOps {
   virtual Status capturing(void* stream, bool* out) const = 0;
   // Host metadata -> device memory (the workspace), ordered on the stream like every op.
   virtual Status upload(void* dst, const void* src, size_t bytes, void* stream) const = 0;
+  // Device memory -> host memory, complete on return (after the stream's earlier work): the
+  // pre-write check of an eager step's device-resident inputs. Never called while capturing.
+  virtual Status download(void* dst, const void* src, size_t bytes, void* stream) const = 0;
   // DecodeRowsArgs on the stream (a loop on the CPU, one small kernel on CUDA): capturable, and
   // replays read kv_lens' contents at replay time.
   virtual Status decode_rows(const DecodeRowsArgs& a, void* stream) const = 0;

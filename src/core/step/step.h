@@ -73,6 +73,16 @@ struct BatchShape {
 
 // What prepare() leaves for the runs of one step's layers: the batch, its staging slot (host
 // row tables, written once by prepare) and where its metadata lives in the workspace.
+// What the host read from an eager step's device-resident inputs before anything was written
+// (check_device_inputs): once per batch, then each layer compares its own caches against it.
+struct DeviceInputFacts {
+  bool block_table = false;  // the covered block-table entries were read (all >= 0)
+  int64_t max_page = -1, page_b = 0, page_j = 0;  // their largest, and where it is
+  bool positions = false;  // device positions were read (all >= 0)
+  int64_t max_pos = -1, pos_t = 0;
+  const void* slot_mapping = nullptr;  // the device slot mapping last checked for this batch
+};
+
 struct Prepared {
   bool valid = false;
   int64_t B = 0, T = 0;
@@ -86,6 +96,7 @@ struct Prepared {
   bool device_lengths = false;  // a graph-stable decode batch: row tables built on the device
   int64_t next_n = 0;
   const void* kv_lens = nullptr;
+  DeviceInputFacts facts;  // the batch's device-resident inputs (checked at prepare)
 };
 
 // What an Attention object keeps between steps: host staging, its slots and their events.
@@ -192,6 +203,12 @@ inline void mark(Step& s, Stage stage) { s.state.timer.mark(stage); }
 Status validate(const Plan& plan, const StepParams& p, BatchShape* out);
 Status validate_batch(const Plan& plan, const StepParams& p, BatchShape* out);
 Status matches_prepared(const Step& s);
+// Eager steps (host lengths, not capturing) on a queued backend: reads the batch's device-
+// resident block table, positions and slot mapping once (what *facts lacks) and refuses bad
+// contents before anything is written; check_device_facts then holds this layer's caches and
+// cos_sin against what was read. Captured and device_lengths steps read nothing here.
+Status check_device_inputs(Step& s, DeviceInputFacts* facts);
+Status check_device_facts(const Step& s, const DeviceInputFacts& facts);
 // Once per batch (prepare):
 Status acquire_slot(Step& s);    // this step's staging slot (waits for the step two before)
 void point_at_slot(Step& s);     // the staging pointers of s.slot

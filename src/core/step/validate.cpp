@@ -1,6 +1,8 @@
 // Stage: validate. The batch (q_lens, kv_lens, B, T) and every tensor the step hands the ops,
 // against the plan, before anything is written.
 #include <algorithm>
+#include <exception>
+#include <vector>
 
 #include "core/step/step.h"
 #include "core/validate.h"
@@ -13,6 +15,15 @@ namespace {
 bool host_i32_vector(const TensorDesc& t) {
   return t.present() && t.dtype == DType::kI32 && t.ndim == 1 && t.device.type == DeviceType::kCPU &&
          (t.shape[0] == 0 || t.data != nullptr);
+}
+
+// `name` as a [B] i32 host vector: a wrong dtype is said as "expected dtype" (a TypeError in
+// Python), anything else as the whole expectation.
+Status check_host_i32(const TensorDesc& t, const char* name, const char* alt) {
+  if (host_i32_vector(t)) return Status::Ok();
+  if (t.present() && t.dtype != DType::kI32)
+    return invalid(std::string(name) + ": expected dtype i32, got " + dtype_name(t.dtype));
+  return invalid(std::string(name) + ": expected a [B] i32 tensor in host memory" + alt + ", got " + describe(t));
 }
 
 // Contents of the step's inputs that the host can read, so that a step refused for them has
@@ -93,14 +104,12 @@ Status check_contents(const Plan& plan, const StepParams& p, int64_t B, bool sco
 
 // q_lens [B] i32, or cu_seqlens [B + 1] i32/i64 (0, nondecreasing), in host memory.
 Status check_q_lens(const StepParams& p) {
-  if (!p.cu_seqlens.present()) {
-    if (!host_i32_vector(p.q_lens))
-      return invalid("q_lens: expected a [B] i32 tensor in host memory (or cu_seqlens [B + 1]), got " + describe(p.q_lens));
-    return Status::Ok();
-  }
+  if (!p.cu_seqlens.present()) return check_host_i32(p.q_lens, "q_lens", " (or cu_seqlens [B + 1])");
   const TensorDesc& c = p.cu_seqlens;
   if (p.q_lens.present()) return invalid("q_lens, cu_seqlens: expected one of them, got both");
-  if ((c.dtype != DType::kI32 && c.dtype != DType::kI64) || c.ndim != 1 || c.shape[0] < 1 ||
+  if (c.dtype != DType::kI32 && c.dtype != DType::kI64)
+    return invalid(std::string("cu_seqlens: expected dtype i32 or i64, got ") + dtype_name(c.dtype));
+  if (c.ndim != 1 || c.shape[0] < 1 ||
       c.device.type != DeviceType::kCPU || c.data == nullptr)
     return invalid("cu_seqlens: expected a [B + 1] i32 or i64 tensor in host memory, got " + describe(c));
   if (cu_at(c, 0) != 0) return invalid("cu_seqlens[0]: expected 0, got " + num(cu_at(c, 0)));
@@ -155,6 +164,8 @@ Status check_device_batch(const Plan& plan, const StepParams& p, int64_t* B_out,
     return invalid("next_n: expected 1 <= next_n <= the plan's max_next_n = " + num(cfg.max_next_n) +
                    " (device_lengths), got " + num(p.next_n));
   const TensorDesc& kv = p.kv_lens;
+  if (kv.present() && kv.dtype != DType::kI32)
+    return invalid(std::string("kv_lens: expected dtype i32, got ") + dtype_name(kv.dtype));
   if (!kv.present() || kv.dtype != DType::kI32 || kv.ndim != 1 || kv.device != cfg.device || kv.data == nullptr)
     return invalid("kv_lens: expected a [B] i32 tensor on the plan's device " + std::string(device_type_name(cfg.device.type)) +
                    " (device_lengths), got " + describe(kv));
@@ -202,7 +213,7 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
     if (Status st = check_device_batch(plan, p, &B, &dev_T); !st.ok()) return st;
   } else {
     if (Status st = check_q_lens(p); !st.ok()) return st;
-    if (!host_i32_vector(p.kv_lens)) return invalid("kv_lens: expected a [B] i32 tensor in host memory, got " + describe(p.kv_lens));
+    if (Status st = check_host_i32(p.kv_lens, "kv_lens", ""); !st.ok()) return st;
     B = batch_size(p);
     if (p.kv_lens.shape[0] != B)
       return invalid("kv_lens: expected [B = " + num(B) + "] like q_lens, got [" + num(p.kv_lens.shape[0]) + "]");
@@ -292,7 +303,7 @@ Status validate_batch(const Plan& plan, const StepParams& p, BatchShape* out) {
     if (Status st = check_device_batch(plan, p, &B, &T); !st.ok()) return st;
   } else {
     if (Status st = check_q_lens(p); !st.ok()) return st;
-    if (!host_i32_vector(p.kv_lens)) return invalid("kv_lens: expected a [B] i32 tensor in host memory, got " + describe(p.kv_lens));
+    if (Status st = check_host_i32(p.kv_lens, "kv_lens", ""); !st.ok()) return st;
     B = batch_size(p);
     if (p.kv_lens.shape[0] != B)
       return invalid("kv_lens: expected [B = " + num(B) + "] like q_lens, got [" + num(p.kv_lens.shape[0]) + "]");
@@ -357,6 +368,103 @@ Status matches_prepared(const Step& s) {
     return invalid("block_table: expected the prepared batch's block table");
   if (p.positions.data != pr.positions)
     return invalid("positions: expected the prepared batch's positions");
+  return Status::Ok();
+}
+
+namespace {
+
+// t's strided extent of `elems` elements (counted from t.data) read into `host`; *out is t over
+// that host copy (the same strides).
+Status download_extent(const Step& s, const TensorDesc& t, int64_t elems, std::vector<uint8_t>* host, TensorDesc* out) {
+  const size_t bytes = static_cast<size_t>(elems) * dtype_size(t.dtype);
+  try {
+    host->resize(bytes);
+  } catch (const std::exception&) {
+    return Status(StatusCode::kOutOfMemory, std::string(kOp) + ": cannot allocate " + num(static_cast<int64_t>(bytes)) +
+                                                " host bytes to check a device-resident input");
+  }
+  if (Status st = s.ops.download(host->data(), t.data, bytes, s.p.stream); !st.ok()) return st;
+  *out = t;
+  out->data = host->data();
+  out->device = cpu_device();
+  return Status::Ok();
+}
+
+int64_t extent_1d(const TensorDesc& t) { return t.shape[0] == 0 ? 0 : (t.shape[0] - 1) * t.stride[0] + 1; }
+
+}  // namespace
+
+Status check_device_inputs(Step& s, DeviceInputFacts* f) {
+  const StepParams& p = s.p;
+  if (!s.ops.queued() || s.capturing || p.device_lengths) return Status::Ok();
+  const auto on_device = [](const TensorDesc& t) { return t.present() && t.device.type != DeviceType::kCPU; };
+  const bool check_slots = on_device(p.slot_mapping) && f->slot_mapping != p.slot_mapping.data;
+  const int64_t B = s.shape.B, page = s.cfg.page_size;
+  std::vector<uint8_t> bt_host;
+  TensorDesc bt = p.block_table;
+  if (on_device(bt) && (!f->block_table || check_slots)) {
+    int64_t pages = 0;
+    for (int64_t b = 0; b < B; ++b)
+      pages = std::max<int64_t>(pages, (p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]] + page - 1) / page);
+    const int64_t extent = B == 0 || pages == 0 ? 0 : (B - 1) * bt.stride[0] + (pages - 1) * bt.stride[1] + 1;
+    if (Status st = download_extent(s, p.block_table, extent, &bt_host, &bt); !st.ok()) return st;
+    if (!f->block_table) {
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
+        for (int64_t j = 0; j < (kl + page - 1) / page; ++j) {
+          const int64_t v = bt.ptr<const int32_t>()[b * bt.stride[0] + j * bt.stride[1]];
+          if (v < 0)
+            return invalid("block_table[" + num(b) + ", " + num(j) + "]: expected a page >= 0 (kv_lens[" + num(b) + "] = " +
+                           num(kl) + " covers it), got " + num(v));
+          if (v > f->max_page) {
+            f->max_page = v;
+            f->page_b = b;
+            f->page_j = j;
+          }
+        }
+      }
+      f->block_table = true;
+    }
+  }
+  if (on_device(p.positions) && !f->positions) {
+    std::vector<uint8_t> host;
+    TensorDesc pos;
+    if (Status st = download_extent(s, p.positions, extent_1d(p.positions), &host, &pos); !st.ok()) return st;
+    for (int64_t t = 0; t < pos.shape[0]; ++t) {
+      const int64_t v = pos.dtype == DType::kI64 ? pos.ptr<const int64_t>()[t * pos.stride[0]]
+                                                 : pos.ptr<const int32_t>()[t * pos.stride[0]];
+      if (v < 0) return invalid("positions[" + num(t) + "]: expected 0 <= position, got " + num(v));
+      if (v > f->max_pos) {
+        f->max_pos = v;
+        f->pos_t = t;
+      }
+    }
+    f->positions = true;
+  }
+  if (check_slots) {
+    std::vector<uint8_t> host;
+    StepParams q = p;  // the same step over host copies of its block table and slot mapping
+    q.block_table = bt;
+    if (Status st = download_extent(s, p.slot_mapping, extent_1d(p.slot_mapping), &host, &q.slot_mapping); !st.ok())
+      return st;
+    if (Status st = check_slot_mapping(s.plan, q, B); !st.ok()) return st;
+    f->slot_mapping = p.slot_mapping.data;
+  }
+  return Status::Ok();
+}
+
+Status check_device_facts(const Step& s, const DeviceInputFacts& f) {
+  const StepParams& p = s.p;
+  if (f.block_table && f.max_page >= 0) {
+    int64_t num_blocks = p.mla_cache.num_blocks;
+    if (s.shape.scores) num_blocks = std::min<int64_t>(num_blocks, p.index_cache.num_blocks);
+    if (f.max_page >= num_blocks)
+      return invalid("block_table[" + num(f.page_b) + ", " + num(f.page_j) + "]: expected a page in [0, num_blocks = " +
+                     num(num_blocks) + ") (kv_lens[" + num(f.page_b) + "] covers it), got " + num(f.max_page));
+  }
+  if (f.positions && s.shape.scores && f.max_pos >= p.cos_sin.shape[0])
+    return invalid("positions[" + num(f.pos_t) + "]: expected 0 <= position < cos_sin rows = " + num(p.cos_sin.shape[0]) +
+                   ", got " + num(f.max_pos));
   return Status::Ok();
 }
 
