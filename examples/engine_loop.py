@@ -151,10 +151,11 @@ def serve_cuda():
     import torch
     dev = torch.device("cuda")
     B = 3
-    plan = dsa.plan(GEOM, page_size=PAGE, max_tokens_per_step=B, max_seqs_per_step=B, max_context=MAX_CONTEXT,
-                    max_next_n=1, device="cuda")
-    lanes = [Engine(plan, B * (MAX_CONTEXT // PAGE), xp=torch, device=dev) for _ in range(2)]  # graph | eager
     ctx = [10, 30, 52]  # every context below topk = 64 at capture
+    # One plan serves the prompts' prefill step (sum(ctx) tokens) and the decode graph (B rows).
+    plan = dsa.plan(GEOM, page_size=PAGE, max_tokens_per_step=sum(ctx), max_seqs_per_step=B,
+                    max_context=MAX_CONTEXT, max_next_n=1, device="cuda")
+    lanes = [Engine(plan, B * (MAX_CONTEXT // PAGE), xp=torch, device=dev) for _ in range(2)]  # graph | eager
     for eng in lanes:  # the prompts, one host-planned prefill step
         for r, n in enumerate(ctx):
             eng.grow(r, n)
@@ -169,8 +170,9 @@ def serve_cuda():
     kv_dev = torch.zeros(B, dtype=torch.int32, device=dev)
     table_dev = torch.zeros((B, MAX_CONTEXT // PAGE), dtype=torch.int32, device=dev)
     static_x = g_eng.inputs(B)
-    outs = [(torch.empty((B, 2, 512), dtype=torch.float32, device=dev), torch.empty((B, 2), dtype=torch.float32,
-                                                                                     device=dev)) for _ in LAYERS]
+    # bf16 out like the eager lane's (bf16 queries), f32 lse.
+    outs = [(torch.empty((B, 2, 512), dtype=torch.bfloat16, device=dev), torch.empty((B, 2), dtype=torch.float32,
+                                                                                      device=dev)) for _ in LAYERS]
 
     def refresh(eng, step_rng):
         for r in range(B):

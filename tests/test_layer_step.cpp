@@ -1357,17 +1357,18 @@ TEST(LayerStep, I64PositionsAndSlotMappingEqualTheDerivedForms) {
   }
 }
 
-// Padded tokens (slot_mapping -1) at the end of a sequence and a sequence of padding only: they
-// are written to neither cache (every other byte as the unpadded step leaves it, theirs as before
-// the step), every other token's outputs are unchanged bit for bit, and their rows are out 0,
-// lse +inf, indices -1. Slot mappings that break the contract are refused before any write.
+// Padding sequences (every token's slot_mapping -1), one on the dense route and one past topk:
+// their tokens are written to neither cache (every other byte as the unpadded step leaves it,
+// theirs as before the step), every other token's outputs are unchanged bit for bit, and their
+// rows are out 0, lse +inf, indices -1. Slot mappings that break the contract (a sequence padded
+// in part, a slot that is not the token's) are refused before any write.
 TEST(LayerStep, PaddedTokensAreWrittenNowhereAndChangeNothingElse) {
   World w(tiny_geometry(64), {{3, 40}, {4, 100}, {2, 2}, {1, 80}}, 16, 702);
   std::vector<int64_t> slots;
   for (int64_t t = 0; t < w.T; ++t) slots.push_back(w.slot(w.row_seq[t], w.row_pos[t]));
   std::vector<bool> pad(static_cast<size_t>(w.T), false);
-  // Sequence 0's last token, sequence 1's last two, all of sequence 2 (a padding sequence).
-  for (int64_t t : {int64_t{2}, int64_t{5}, int64_t{6}, int64_t{7}, int64_t{8}}) pad[t] = true;
+  // All of sequence 2 (kv 2: dense) and of sequence 3 (kv 80: past topk).
+  for (int64_t t : {int64_t{7}, int64_t{8}, int64_t{9}}) pad[t] = true;
   std::vector<int64_t> padded = slots;
   for (int64_t t = 0; t < w.T; ++t)
     if (pad[t]) padded[t] = -1;
@@ -1406,7 +1407,8 @@ TEST(LayerStep, PaddedTokensAreWrittenNowhereAndChangeNothingElse) {
       }
     }
   }
-  // Refused, caches untouched: a real token after a padded one; a slot that is not the token's.
+  // Refused, caches untouched: a real token after a padded one, a padded token after a real one
+  // (a sequence padded in part), a slot that is not the token's.
   auto refused = [&](const std::vector<int64_t>& sm, const std::string& needle) {
     RunOpts o;
     o.slot_mapping = &sm;
@@ -1418,7 +1420,13 @@ TEST(LayerStep, PaddedTokensAreWrittenNowhereAndChangeNothingElse) {
   };
   std::vector<int64_t> gap = slots;
   gap[1] = -1;  // sequence 0: token 2 would attend token 1's unwritten key
-  refused(gap, "slot_mapping[2]");
+  refused(gap, "slot_mapping[1]: expected the token's block-table slot");
+  std::vector<int64_t> tail = slots;
+  tail[2] = -1;  // sequence 0's last token only
+  refused(tail, "slot_mapping[2]: expected the token's block-table slot");
+  std::vector<int64_t> head = slots;
+  head[3] = -1;  // sequence 1's first token padded, its others real
+  refused(head, "slot_mapping[4]: expected -1 like token 3 of sequence 1");
   std::vector<int64_t> wrong = slots;
   wrong[4] = slots[3];
   refused(wrong, "slot_mapping[4]");

@@ -201,13 +201,21 @@ TEST(StepDeviceInputs, SlotMappingIsHeldAgainstTheBlockTable) {
     b.with_slots();
     st::DeviceInputFacts f;
     const Status s = b.check(&f);
-    EXPECT_NE(s.message().find("slot_mapping[1]: expected -1: an earlier token of sequence 0 is padded"),
-              std::string::npos)
+    EXPECT_NE(s.message().find("slot_mapping[1]: expected -1 like token 0 of sequence 0"), std::string::npos)
         << s.message();
   }
   {
     Batch b;
-    b.slots[4] = -1;  // padding at a sequence's end is accepted
+    b.slots[4] = -1;  // a sequence's last token only: padded in part
+    b.with_slots();
+    st::DeviceInputFacts f;
+    const Status s = b.check(&f);
+    EXPECT_NE(s.message().find("slot_mapping[4]: expected the token's block-table slot"), std::string::npos)
+        << s.message();
+  }
+  {
+    Batch b;
+    b.slots[3] = b.slots[4] = -1;  // sequence 1 padded whole is accepted
     b.with_slots();
     st::DeviceInputFacts f;
     DSA_ASSERT_OK(b.check(&f));

@@ -65,11 +65,12 @@ struct StepParams {
   // plan's device, the same for every layer of a step. A slot >= 0 must be the token's slot in
   // the block table (block_table[seq][pos / page] * page + pos % page: attention reads keys
   // through the block table); -1 marks a padded token: it is written to neither cache and its
-  // output rows are defined as out = 0, lse = +inf, indices_out = -1. No other token of the
-  // step may attend a padded one, so padding goes at the end of a sequence (or in a sequence of
-  // its own); its sequence's block-table row must still name valid pages (they are read, never
-  // written). Host-resident slot mappings (CPU) are checked against all of this before
-  // anything is written; on CUDA they are the engine's to keep.
+  // output rows are defined as out = 0, lse = +inf, indices_out = -1. A sequence is padded
+  // whole or not at all (padding is sequences of their own: a real row must share no key tile
+  // with an unwritten slot); its block-table row must still name valid pages (they are read,
+  // never written). Host-resident slot mappings, and device-resident ones of an eager CUDA step,
+  // are checked against all of this before anything is written; in a captured step they are
+  // the engine's to keep.
   TensorDesc slot_mapping;
 
   // The new tokens' inputs.

@@ -137,8 +137,8 @@ class Attention:
 
         slot_mapping ([T] int64 on the plan's device, optional): each token's cache slot (vLLM
         slot_mapping, SGLang out_cache_loc), equal to its block-table slot, or -1 for a padded token:
-        written nowhere, its rows out = 0, lse = +inf, indices_out = -1; padding goes at the end of a
-        sequence (no other token may attend it).
+        written nowhere, its rows out = 0, lse = +inf, indices_out = -1; a sequence is padded whole
+        or not at all (pad with sequences of their own).
         """
         return self._layer("step", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
                            index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,

@@ -207,9 +207,9 @@ def test_slot_mapping_i64_positions_and_padded_tokens():
                                            index_cache=c, indices_out=ind, positions=pos, slot_mapping=slots, **args)
     np.testing.assert_array_equal(out, ref_out)
     np.testing.assert_array_equal(m, ref_mla)
-    # The last token of each sequence padded: written nowhere, rows 0 / +inf / -1, others unchanged.
+    # The last sequence padded whole: written nowhere, rows 0 / +inf / -1, others unchanged.
     padded = slots.copy()
-    last = np.cumsum(q_lens) - 1
+    last = np.arange(int(np.sum(q_lens[:-1])), T)
     padded[last] = -1
     m, c, ind = mla.copy(), idx_cache.copy(), np.full((T, 64), -7, np.int32)
     out, lse, _ = dsa.Attention(plan).step(new["q"], new["kv_c"], new["k_pe"], q_lens, kv_lens, table, m,

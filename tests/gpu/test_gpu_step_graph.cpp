@@ -671,7 +671,8 @@ TEST(GpuStepGraph, I64PositionsSlotMappingAndPaddedTokens) {
   EXPECT_TRUE(same(snapshot(st), ref, "i64 positions + slot mapping"));
 
   std::vector<bool> pad(static_cast<size_t>(b.T), false);
-  for (int64_t t : {int64_t{2}, int64_t{5}, int64_t{6}, int64_t{7}, int64_t{8}}) pad[t] = true;
+  // Padding sequences (a sequence is padded whole): sequence 2 (dense) and 3 (past topk).
+  for (int64_t t : {int64_t{7}, int64_t{8}, int64_t{9}}) pad[t] = true;
   std::vector<int64_t> padded = slots;
   for (int64_t t = 0; t < b.T; ++t)
     if (pad[t]) padded[t] = -1;
@@ -804,8 +805,15 @@ TEST(GpuStepGraph, RefusedDeviceInputsLeaveBothCachesUntouched) {
   bad_slots = slots;
   bad_slots[3] = -1;  // sequence 1's first token padded, its second not
   DeviceBuffer dpad_first(bad_slots);
-  refused("padding before a real token", "an earlier token of sequence 1 is padded", [&] {
+  refused("padding before a real token", "slot_mapping[4]: expected -1 like token 3 of sequence 1", [&] {
     st.p.slot_mapping = dev_tensor(dpad_first, DType::kI64, {b.T});
+    return attn.step(st.p);
+  });
+  bad_slots = slots;
+  bad_slots[2] = -1;  // sequence 0's last token only: its real rows would share a key tile with it
+  DeviceBuffer dpad_last(bad_slots);
+  refused("a sequence padded in part", "slot_mapping[2]: expected the token's block-table slot", [&] {
+    st.p.slot_mapping = dev_tensor(dpad_last, DType::kI64, {b.T});
     return attn.step(st.p);
   });
   st.p.slot_mapping = TensorDesc{};

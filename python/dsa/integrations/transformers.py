@@ -412,7 +412,10 @@ def _make_forward(owner, i):
         if kwargs.get("output_attentions"):
             raise UnsupportedModelError("dsa: output_attentions: DSA does not materialise attention weights")
         out = owner.layer_forward(i, self, hidden_states, position_embeddings, past_key_values, kwargs.get("position_ids"))
-        if hasattr(self, "next_skip_topk"):  # GLM attention with shared indexers returns its top-k too
+        # GLM-5's attention (glm_moe_dsa) returns its top-k too, and its decoder layer unpacks
+        # three values whether or not the config shares indexers (transformers 5.17 on the H200
+        # raised "expected 3, got 2" when this keyed on next_skip_topk alone).
+        if hasattr(self, "next_skip_topk") or hasattr(self, "skip_topk") or "glm_moe_dsa" in type(self).__module__:
             return out, None, None
         return out, None
     return forward

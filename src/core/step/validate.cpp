@@ -120,8 +120,12 @@ Status check_q_lens(const StepParams& p) {
   return Status::Ok();
 }
 
-// A host-resident slot mapping: every slot -1 or the token's block-table slot, and no token
-// with a slot after a padded one in its sequence (it would attend the unwritten key).
+// A host-resident slot mapping: every slot -1 or the token's block-table slot, and a sequence
+// padded whole or not at all. Why whole sequences: a real token's row must never share keys
+// with a padded one, and the CUDA attention kernels read a sequence's keys in tiles, masking the
+// keys past a row's causal limit; a padded token's unwritten slot (stale or NaN bytes) inside a
+// tile of a real row would reach that row through the masked product (0 * NaN). Engines pad
+// with requests of their own (vLLM's graph padding, SGLang's padded decode batches).
 Status check_slot_mapping(const Plan& plan, const StepParams& p, int64_t B) {
   const TensorDesc& sm = p.slot_mapping;
   if (!sm.present() || sm.device.type != DeviceType::kCPU || p.kv_lens.device.type != DeviceType::kCPU ||
@@ -133,21 +137,25 @@ Status check_slot_mapping(const Plan& plan, const StepParams& p, int64_t B) {
   for (int64_t b = 0; b < B; ++b) {
     const int64_t ql = p.device_lengths ? p.next_n : batch_q_len(p, b);
     const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
-    bool padded = false;
+    const int64_t t0 = t;
     for (int64_t i = 0; i < ql; ++i, ++t) {
       const int64_t v = sm.ptr<const int64_t>()[t * sm.stride[0]];
       const int64_t pos = kl - ql + i;
       const int64_t want = int64_t{bt[b * p.block_table.stride[0] + (pos / page) * p.block_table.stride[1]]} * page + pos % page;
+      const bool first_padded = sm.ptr<const int64_t>()[t0 * sm.stride[0]] == -1;
       if (v == -1) {
-        padded = true;
+        if (!first_padded)
+          return invalid("slot_mapping[" + num(t) + "]: expected the token's block-table slot " + num(want) + " (sequence " +
+                         num(b) + " has real tokens, and a sequence is padded whole or not at all: pad with sequences "
+                         "of their own), got -1");
         continue;
       }
+      if (first_padded)
+        return invalid("slot_mapping[" + num(t) + "]: expected -1 like token " + num(t0) + " of sequence " + num(b) +
+                       " (a sequence is padded whole or not at all: pad with sequences of their own), got " + num(v));
       if (v != want)
         return invalid("slot_mapping[" + num(t) + "]: expected -1 (padded) or the token's block-table slot " + num(want) +
                        " (sequence " + num(b) + ", position " + num(pos) + "), got " + num(v));
-      if (padded)
-        return invalid("slot_mapping[" + num(t) + "]: expected -1: an earlier token of sequence " + num(b) +
-                       " is padded (-1) and this one would attend it; put padding at the end of a sequence");
     }
   }
   return Status::Ok();
