@@ -110,6 +110,7 @@ struct StepState {
   bool slot_pending[2] = {false, false};
   std::vector<Route> route;
   std::vector<int32_t> q_lens;  // [max_seqs] the prepared batch's q_lens
+  std::vector<int64_t> chunk_widths;  // sparse_run's chunk search (capacity kept between steps)
   Prepared prepared;
   StageTimer timer;  // StepParams::time_stages
 
