@@ -186,10 +186,10 @@ class Attention {
   Status run(const StepParams& p, StepReport* report = nullptr);
 
  private:
-  // The entry points' bodies; the public calls give every refusal one prefix, "attention_step:".
-  Status step_impl(const StepParams& p, StepReport* report);
-  Status prepare_impl(const StepParams& p, StepReport* report);
-  Status run_impl(const StepParams& p, StepReport* report);
+  // The one body of step / prepare / run (src/core/layer_step.cpp); the public calls give every
+  // refusal one prefix, "attention_step:".
+  enum class Call { kStep, kPrepare, kRun };
+  Status enter(Call call, const StepParams& p, StepReport* report);
 
   Plan plan_;
   Status status_;

@@ -107,77 +107,45 @@ Status Attention::create(const Plan& plan, std::unique_ptr<Attention>* out) {
 
 Attention::~Attention() = default;
 
-Status Attention::step(const StepParams& p, StepReport* report) { return one_prefix(step_impl(p, report)); }
-Status Attention::prepare(const StepParams& p, StepReport* report) { return one_prefix(prepare_impl(p, report)); }
-Status Attention::run(const StepParams& p, StepReport* report) { return one_prefix(run_impl(p, report)); }
+Status Attention::step(const StepParams& p, StepReport* report) { return one_prefix(enter(Call::kStep, p, report)); }
+Status Attention::prepare(const StepParams& p, StepReport* report) {
+  return one_prefix(enter(Call::kPrepare, p, report));
+}
+Status Attention::run(const StepParams& p, StepReport* report) { return one_prefix(enter(Call::kRun, p, report)); }
 
-Status Attention::step_impl(const StepParams& p, StepReport* report) {
+// step = prepare's stages then run's, over one validation; prepare validates only the batch
+// fields; run validates the whole step and holds it against the prepared batch.
+Status Attention::enter(Call call, const StepParams& p, StepReport* report) {
   if (!status_.ok()) return status_;
   const auto t_begin = st::Clock::now();
   StepReport rep;
   rep.workspace_plan_bytes = plan_.workspace_bytes;
   rep.score_budget_bytes = plan_.score_budget_bytes;
   st::Step s(plan_, p, *state_, rep);
-  Status status = st::validate(plan_, p, &s.shape);
+  if (call == Call::kPrepare) state_->prepared.valid = false;
+  Status status = call == Call::kPrepare ? st::validate_batch(plan_, p, &s.shape) : st::validate(plan_, p, &s.shape);
   if (!status.ok()) return status;
   SlotRelease release{s};
   if (s.ops.queued() && !(status = s.ops.capturing(p.stream, &s.capturing)).ok()) return status;
+  // Device-resident inputs of an eager step, read back and checked before anything is written:
+  // once per batch (step, prepare; run only what prepare did not see), then each layer's caches
+  // against what was read (step, run: prepare has no caches).
+  st::DeviceInputFacts fresh;
+  const bool reuse = call == Call::kRun;
+  st::DeviceInputFacts& facts = reuse ? state_->prepared.facts : fresh;
+  if (!reuse || state_->prepared.valid) {  // an unprepared run is refused by run_layer
+    if (!(status = st::check_device_inputs(s, &facts)).ok()) return status;
+    if (call != Call::kPrepare && !(status = st::check_device_facts(s, facts)).ok()) return status;
+  }
   // GPU stage times: only when asked, on a queued backend, outside capture.
-  // Device-resident inputs of an eager step, read and checked before anything is written.
-  st::DeviceInputFacts facts;
-  if (!(status = st::check_device_inputs(s, &facts)).ok() || !(status = st::check_device_facts(s, facts)).ok())
-    return status;
   if (!(status = state_->timer.begin(s.ops, s.dev, p.stream, p.time_stages && s.ops.queued() && !s.capturing)).ok())
     return status;
-  status = prepare_batch(s, release);
-  if (status.ok()) {
-    state_->prepared.facts = facts;
-    status = run_layer(s, release, false);
+  if (call != Call::kRun) {
+    status = prepare_batch(s, release);
+    if (status.ok()) state_->prepared.facts = fresh;
+    if (call == Call::kPrepare) s.score_offset = state_->prepared.score_offset;
   }
-  return finish(s, status, t_begin, report);
-}
-
-Status Attention::prepare_impl(const StepParams& p, StepReport* report) {
-  if (!status_.ok()) return status_;
-  const auto t_begin = st::Clock::now();
-  StepReport rep;
-  rep.workspace_plan_bytes = plan_.workspace_bytes;
-  rep.score_budget_bytes = plan_.score_budget_bytes;
-  st::Step s(plan_, p, *state_, rep);
-  state_->prepared.valid = false;
-  Status status = st::validate_batch(plan_, p, &s.shape);
-  if (!status.ok()) return status;
-  SlotRelease release{s};
-  if (s.ops.queued() && !(status = s.ops.capturing(p.stream, &s.capturing)).ok()) return status;
-  st::DeviceInputFacts facts;  // held against each layer's caches by run()
-  if (!(status = st::check_device_inputs(s, &facts)).ok()) return status;
-  if (!(status = state_->timer.begin(s.ops, s.dev, p.stream, p.time_stages && s.ops.queued() && !s.capturing)).ok())
-    return status;
-  status = prepare_batch(s, release);
-  if (status.ok()) state_->prepared.facts = facts;
-  s.score_offset = state_->prepared.score_offset;
-  return finish(s, status, t_begin, report);
-}
-
-Status Attention::run_impl(const StepParams& p, StepReport* report) {
-  if (!status_.ok()) return status_;
-  const auto t_begin = st::Clock::now();
-  StepReport rep;
-  rep.workspace_plan_bytes = plan_.workspace_bytes;
-  rep.score_budget_bytes = plan_.score_budget_bytes;
-  st::Step s(plan_, p, *state_, rep);
-  Status status = st::validate(plan_, p, &s.shape);
-  if (!status.ok()) return status;
-  SlotRelease release{s};
-  if (s.ops.queued() && !(status = s.ops.capturing(p.stream, &s.capturing)).ok()) return status;
-  if (state_->prepared.valid) {  // else run_layer refuses the unprepared batch
-    st::DeviceInputFacts& facts = state_->prepared.facts;
-    if (!(status = st::check_device_inputs(s, &facts)).ok() || !(status = st::check_device_facts(s, facts)).ok())
-      return status;
-  }
-  if (!(status = state_->timer.begin(s.ops, s.dev, p.stream, p.time_stages && s.ops.queued() && !s.capturing)).ok())
-    return status;
-  status = run_layer(s, release, true);
+  if (call != Call::kPrepare && status.ok()) status = run_layer(s, release, call == Call::kRun);
   return finish(s, status, t_begin, report);
 }
 

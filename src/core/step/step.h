@@ -71,8 +71,6 @@ struct BatchShape {
   bool scores = false;  // full and mtp layers score (shared layers reuse indices_in)
 };
 
-// What prepare() leaves for the runs of one step's layers: the batch, its staging slot (host
-// row tables, written once by prepare) and where its metadata lives in the workspace.
 // What the host read from an eager step's device-resident inputs before anything was written
 // (check_device_inputs): once per batch, then each layer compares its own caches against it.
 struct DeviceInputFacts {
@@ -83,6 +81,8 @@ struct DeviceInputFacts {
   const void* slot_mapping = nullptr;  // the device slot mapping last checked for this batch
 };
 
+// What prepare() leaves for the runs of one step's layers: the batch, its staging slot (host
+// row tables, written once by prepare) and where its metadata lives in the workspace.
 struct Prepared {
   bool valid = false;
   int64_t B = 0, T = 0;
