@@ -72,4 +72,29 @@ MhaCost mha_form_cost(int64_t q_len, int64_t kv_len, int64_t num_heads, int64_t 
 // True when the MHA form is cheaper (a 2048-token prompt: yes; a decode of next_n 2: no).
 bool prefer_mha_form(int64_t q_len, int64_t kv_len, int64_t num_heads, int64_t qk_nope, int64_t v_dim);
 
+// The two per-head projections of the absorbed form (SPEC §5b, §6 core mode), with the
+// kv_b_proj layout above:
+//   absorb:     q_out[t, h] = [W_UK[h]ᵀ·q_nope[t, h] (512) | q_pe[t, h] (64)]     [T, H, 576]
+//   up-project: out[t, h]   = W_UV[h]·latent[t, h]                          (v)    [T, H, v]
+// f32 accumulation; the output dtype's rounding once at the end. CPU backend in this version
+// (a CUDA tensor gets kUnsupported naming the op and the device).
+struct MlaAbsorbQParams {
+  TensorDesc q_nope;     // [T, H, qk_nope] bf16 or f32, last dim contiguous
+  TensorDesc q_pe;       // [T, H, 64], dtype of q_nope, last dim contiguous
+  TensorDesc kv_b_proj;  // [H * (qk_nope + v), 512] bf16, last dim contiguous
+  int64_t v_dim = 0;     // v of the weight (its rows per head are qk_nope + v_dim)
+  TensorDesc q_out;      // [T, H, 576] bf16 or f32, last dim contiguous
+  void* stream = nullptr;
+};
+Status mla_absorb_q(const MlaAbsorbQParams& p);
+
+struct MlaUpProjectParams {
+  TensorDesc latent;     // [T, H, 512] bf16 or f32, last dim contiguous
+  TensorDesc kv_b_proj;  // [H * (qk_nope + v), 512] bf16, last dim contiguous
+  int64_t qk_nope = 0;   // qk_nope of the weight
+  TensorDesc out;        // [T, H, v] bf16 or f32, last dim contiguous
+  void* stream = nullptr;
+};
+Status mla_up_project(const MlaUpProjectParams& p);
+
 }  // namespace dsa

@@ -253,3 +253,77 @@ bool prefer_mha_form(int64_t q_len, int64_t kv_len, int64_t H, int64_t qk_nope, 
 }
 
 }  // namespace dsa
+
+// ---- the absorbed form's projections (SPEC §5b, §6 core mode) ----
+namespace dsa {
+namespace {
+
+const char* kAbsorb = "mla_absorb_q";
+const char* kUpProject = "mla_up_project";
+
+// kv_b_proj as [H * (nope + v), 512] bf16: the message states the shape it expects.
+void check_weight(core::ArgCheck& c, const TensorDesc& w, int64_t H, int64_t nope, int64_t v) {
+  const std::string shape = "[H * (qk_nope + v), 512] = [" + num(H) + " * (" + num(nope) + " + " + num(v) + "), 512]";
+  if (c.ok() && !w.present()) c.require(false, "kv_b_proj", "is required (expected a bf16 tensor of shape " + shape + ")");
+  if (c.ok() && w.dtype != DType::kBF16)
+    c.require(false, "kv_b_proj", std::string("expected dtype bf16, got ") + dtype_name(w.dtype));
+  if (c.ok() && (w.ndim != 2 || w.shape[0] != H * (nope + v) || w.shape[1] != 512))
+    c.require(false, "kv_b_proj", "expected shape " + shape + ", got " + core::shape_string(w));
+  c.tensor(w, "kv_b_proj", {DType::kBF16}, {{H * (nope + v), "H * (qk_nope + v)"}, {512, "512"}});
+}
+
+}  // namespace
+
+Status mla_absorb_q(const MlaAbsorbQParams& p) {
+  return core::guarded(kAbsorb, [&]() -> Status {
+    core::ArgCheck c(kAbsorb);
+    c.tensor(p.q_nope, "q_nope", {DType::kBF16, DType::kF32}, {"T", "H", "qk_nope"});
+    if (!c.ok()) return c.status();
+    const int64_t T = p.q_nope.shape[0], H = p.q_nope.shape[1], nope = p.q_nope.shape[2];
+    c.require(H > 0 && nope > 0, "q_nope", "expected H > 0 and qk_nope > 0, got shape " + core::shape_string(p.q_nope));
+    c.require(p.v_dim > 0, "v_dim", "expected > 0 (the weight's v rows per head), got " + num(p.v_dim));
+    c.tensor(p.q_pe, "q_pe", {p.q_nope.dtype}, {{T, "T"}, {H, "H"}, {core::kMhaRopeDim, "64"}});
+    check_weight(c, p.kv_b_proj, H, nope, p.v_dim);
+    c.output(p.q_out, "q_out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {576, "576"}});
+    c.disjoint(p.q_out, "q_out", p.q_nope, "q_nope").disjoint(p.q_out, "q_out", p.q_pe, "q_pe");
+    c.disjoint(p.q_out, "q_out", p.kv_b_proj, "kv_b_proj");
+    if (!c.ok()) return c.status();
+    Device dev;
+    Status st = core::pick_device(kAbsorb, {{&p.q_nope, "q_nope"}, {&p.q_pe, "q_pe"}, {&p.kv_b_proj, "kv_b_proj"},
+                                            {&p.q_out, "q_out"}}, &dev);
+    if (!st.ok()) return st;
+    if (dev.type != DeviceType::kCPU)
+      return Status(StatusCode::kUnsupported, std::string(kAbsorb) + ": q_nope: on " + core::device_string(dev) +
+                                                  ": this version has the CPU backend of the projections only");
+    if (T == 0) return Status::Ok();
+    return core::backend_status(kAbsorb, dev, cpu::mla_absorb_q(p));
+  });
+}
+
+Status mla_up_project(const MlaUpProjectParams& p) {
+  return core::guarded(kUpProject, [&]() -> Status {
+    core::ArgCheck c(kUpProject);
+    c.tensor(p.latent, "latent", {DType::kBF16, DType::kF32}, {"T", "H", {512, "512"}});
+    c.require(p.qk_nope > 0, "qk_nope", "expected > 0 (the weight's W_UK rows per head), got " + num(p.qk_nope));
+    if (!c.ok()) return c.status();
+    const int64_t T = p.latent.shape[0], H = p.latent.shape[1];
+    c.require(H > 0, "latent", "expected H > 0 heads, got shape " + core::shape_string(p.latent));
+    c.output(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, "v"});
+    if (!c.ok()) return c.status();
+    const int64_t v = p.out.shape[2];
+    c.require(v > 0, "out", "expected v (its last dim) > 0, got " + num(v));
+    check_weight(c, p.kv_b_proj, H, p.qk_nope, v);
+    c.disjoint(p.out, "out", p.latent, "latent").disjoint(p.out, "out", p.kv_b_proj, "kv_b_proj");
+    if (!c.ok()) return c.status();
+    Device dev;
+    Status st = core::pick_device(kUpProject, {{&p.latent, "latent"}, {&p.kv_b_proj, "kv_b_proj"}, {&p.out, "out"}}, &dev);
+    if (!st.ok()) return st;
+    if (dev.type != DeviceType::kCPU)
+      return Status(StatusCode::kUnsupported, std::string(kUpProject) + ": latent: on " + core::device_string(dev) +
+                                                  ": this version has the CPU backend of the projections only");
+    if (T == 0) return Status::Ok();
+    return core::backend_status(kUpProject, dev, cpu::mla_up_project(p));
+  });
+}
+
+}  // namespace dsa

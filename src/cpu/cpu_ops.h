@@ -5,6 +5,7 @@
 #include "dsa/attention.h"
 #include "dsa/cache.h"
 #include "dsa/indexer.h"
+#include "dsa/mha.h"
 #include "dsa/topk.h"
 
 namespace dsa {
@@ -33,6 +34,9 @@ StatusCode dense_mla(const DenseMlaParams& p);
 // mha_prefill.cpp: one sequence group (src/core/api_mha.cpp makes the groups)
 StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::MhaGroup& g);
 bool mha_uses_blas();  // decompression through the BLAS found at build time
+// mla_project.cpp: the absorbed form's per-head projections
+StatusCode mla_absorb_q(const MlaAbsorbQParams& p);
+StatusCode mla_up_project(const MlaUpProjectParams& p);
 void set_mha_blas(bool on);  // internal (tests, timing): false = our own GEMM loop
 
 }  // namespace cpu
