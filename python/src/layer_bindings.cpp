@@ -20,6 +20,9 @@ using dsa_py::Reinterpret;
 
 namespace {
 
+// The prefix of every refusal of Attention.step / prepare / run (the C++ entry points' own).
+constexpr const char* kStep = "attention_step";
+
 void check(const dsa::Status& s) {
   if (s.ok()) return;
   switch (s.code()) {
@@ -306,9 +309,9 @@ void bind_layer(py::module_& m) {
         if (call != "step" && call != "prepare" && call != "run")
           throw py::value_error("attention_step: call: expected 'step', 'prepare' or 'run', got '" + call + "'");
         const bool batch_only = call == "prepare";
-        Importer im("attention_step", stream);  // one prefix for every refusal of the step
+        Importer im(kStep, stream);  // one prefix for every refusal of the step
         dsa::StepParams p;
-        const std::string role = get<std::string>(a, "role", "full", "attention_step");
+        const std::string role = get<std::string>(a, "role", "full", kStep);
         if (role == "full") p.role = dsa::IndexerRole::kFull;
         else if (role == "shared") p.role = dsa::IndexerRole::kShared;
         else if (role == "mtp") p.role = dsa::IndexerRole::kMtp;
@@ -316,7 +319,7 @@ void bind_layer(py::module_& m) {
         p.q_lens = im.tensor(item(a, "q_lens"), "q_lens");
         p.cu_seqlens = im.tensor(item(a, "cu_seqlens"), "cu_seqlens");
         p.kv_lens = im.tensor(item(a, "kv_lens"), "kv_lens");
-        p.next_n = get<int64_t>(a, "next_n", 0, "attention_step");
+        p.next_n = get<int64_t>(a, "next_n", 0, kStep);
         p.device_lengths = p.next_n > 0;  // graph-stable decode (dsa/layer.h)
         p.block_table = im.tensor(item(a, "block_table"), "block_table");
         p.positions = im.tensor(item(a, "positions"), "positions");
@@ -328,9 +331,9 @@ void bind_layer(py::module_& m) {
         p.index_k = im.tensor(item(a, "index_k"), "index_k", Reinterpret::kBF16);
         p.index_w = im.tensor(item(a, "index_w"), "index_w", Reinterpret::kBF16);
         p.cos_sin = im.tensor(item(a, "cos_sin"), "cos_sin");
-        p.hadamard = get<bool>(a, "hadamard", false, "attention_step");
+        p.hadamard = get<bool>(a, "hadamard", false, kStep);
         p.attn_sink = im.tensor(item(a, "attn_sink"), "attn_sink");
-        p.sm_scale = get<float>(a, "sm_scale", 0.0f, "attention_step");
+        p.sm_scale = get<float>(a, "sm_scale", 0.0f, kStep);
         const int cache_dtype = self.attn->plan().config.cache_dtype == dsa::MlaCacheDtype::kFP8 ? 1 : 0;
         const int64_t page = self.attn->plan().config.page_size;
         if (!batch_only) p.mla_cache = im.mla_cache(item(a, "mla_cache"), "mla_cache", cache_dtype, page, true);
@@ -339,12 +342,12 @@ void bind_layer(py::module_& m) {
         }
         p.indices_in = im.tensor(item(a, "indices_in"), "indices_in");
         p.indices_out = im.tensor(item(a, "indices_out"), "indices_out", Reinterpret::kNone, true);
-        p.force_score = get<bool>(a, "force_score", false, "attention_step");
+        p.force_score = get<bool>(a, "force_score", false, kStep);
         if (!batch_only) {
           p.out = im.tensor(item(a, "out"), "out", Reinterpret::kBF16, true);
           p.lse = im.tensor(item(a, "lse"), "lse", Reinterpret::kNone, true);
         }
-        p.time_stages = get<bool>(a, "time_stages", false, "attention_step");
+        p.time_stages = get<bool>(a, "time_stages", false, kStep);
         if (!item(a, "workspace").is_none()) {
           const dsa_py::Imported ws = im.raw(item(a, "workspace"), "workspace", true);
           // The step takes one flat byte range: only a C-contiguous array is one (a reversed or

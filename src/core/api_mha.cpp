@@ -272,6 +272,13 @@ void check_weight(core::ArgCheck& c, const TensorDesc& w, int64_t H, int64_t nop
   c.tensor(w, "kv_b_proj", {DType::kBF16}, {{H * (nope + v), "H * (qk_nope + v)"}, {512, "512"}});
 }
 
+// The projections have a CPU backend only in this version: any other device is kUnsupported.
+Status cpu_only(const char* op, const char* arg, Device dev) {
+  if (dev.type == DeviceType::kCPU) return Status::Ok();
+  return Status(StatusCode::kUnsupported, std::string(op) + ": " + arg + ": on " + core::device_string(dev) +
+                                              ": this version has the CPU backend of the projections only");
+}
+
 }  // namespace
 
 Status mla_absorb_q(const MlaAbsorbQParams& p) {
@@ -292,9 +299,7 @@ Status mla_absorb_q(const MlaAbsorbQParams& p) {
     Status st = core::pick_device(kAbsorb, {{&p.q_nope, "q_nope"}, {&p.q_pe, "q_pe"}, {&p.kv_b_proj, "kv_b_proj"},
                                             {&p.q_out, "q_out"}}, &dev);
     if (!st.ok()) return st;
-    if (dev.type != DeviceType::kCPU)
-      return Status(StatusCode::kUnsupported, std::string(kAbsorb) + ": q_nope: on " + core::device_string(dev) +
-                                                  ": this version has the CPU backend of the projections only");
+    if (Status cpu = cpu_only(kAbsorb, "q_nope", dev); !cpu.ok()) return cpu;
     if (T == 0) return Status::Ok();
     return core::backend_status(kAbsorb, dev, cpu::mla_absorb_q(p));
   });
@@ -318,9 +323,7 @@ Status mla_up_project(const MlaUpProjectParams& p) {
     Device dev;
     Status st = core::pick_device(kUpProject, {{&p.latent, "latent"}, {&p.kv_b_proj, "kv_b_proj"}, {&p.out, "out"}}, &dev);
     if (!st.ok()) return st;
-    if (dev.type != DeviceType::kCPU)
-      return Status(StatusCode::kUnsupported, std::string(kUpProject) + ": latent: on " + core::device_string(dev) +
-                                                  ": this version has the CPU backend of the projections only");
+    if (Status cpu = cpu_only(kUpProject, "latent", dev); !cpu.ok()) return cpu;
     if (T == 0) return Status::Ok();
     return core::backend_status(kUpProject, dev, cpu::mla_up_project(p));
   });

@@ -379,8 +379,7 @@ StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::M
       attend(c, h, item.t0, item.i0, item.nr, kv_len - q_len, off[item.b], s);
     }
   });
-  if (sc != StatusCode::kOk) return sc;
-  return StatusCode::kOk;
+  return sc;
 }
 
 }  // namespace cpu

@@ -138,11 +138,11 @@ Status check_slot_mapping(const Plan& plan, const StepParams& p, int64_t B) {
     const int64_t ql = p.device_lengths ? p.next_n : batch_q_len(p, b);
     const int64_t kl = p.kv_lens.ptr<const int32_t>()[b * p.kv_lens.stride[0]];
     const int64_t t0 = t;
+    const bool first_padded = ql > 0 && sm.ptr<const int64_t>()[t0 * sm.stride[0]] == -1;
     for (int64_t i = 0; i < ql; ++i, ++t) {
       const int64_t v = sm.ptr<const int64_t>()[t * sm.stride[0]];
       const int64_t pos = kl - ql + i;
       const int64_t want = int64_t{bt[b * p.block_table.stride[0] + (pos / page) * p.block_table.stride[1]]} * page + pos % page;
-      const bool first_padded = sm.ptr<const int64_t>()[t0 * sm.stride[0]] == -1;
       if (v == -1) {
         if (!first_padded)
           return invalid("slot_mapping[" + num(t) + "]: expected the token's block-table slot " + num(want) + " (sequence " +
