@@ -29,6 +29,15 @@ enum class Route : int32_t {
 };
 const char* route_name(Route r);
 
+// Core mode: which form a dense sequence's attention takes (SPEC §5b, §6).
+enum class DenseForm : int32_t {
+  kAuto = 0,      // the cost model's choice per sequence (prefer_mha_form), MHA only where its
+                  // decompressed K/V fit the score region and the device has the MHA kernel
+  kMha = 1,       // MHA wherever it fits and is supported (else absorbed)
+  kAbsorbed = 2,  // always absorbed (as latent mode, with the projections around it)
+};
+const char* dense_form_name(DenseForm f);
+
 struct StepParams {
   IndexerRole role = IndexerRole::kFull;
 
@@ -76,7 +85,7 @@ struct StepParams {
   // The new tokens' inputs.
   TensorDesc kv_c;         // [T, 512] bf16/f32: MLA latent
   TensorDesc k_pe;         // [T, 64] bf16/f32: rope(k_pe)
-  TensorDesc q;            // [T, H, 576] bf16 (f32 on the CPU too): absorbed queries
+  TensorDesc q;            // [T, H, 576] bf16 (f32 on the CPU too): absorbed queries (latent mode)
   TensorDesc index_q;      // [T, H_idx, 128] f32/bf16 (full, mtp)
   TensorDesc index_k;      // [T, 128] f32/bf16 (full, mtp)
   TensorDesc index_w;      // [T, H_idx] f32/bf16 gates (full, mtp)
@@ -93,8 +102,19 @@ struct StepParams {
   TensorDesc indices_out;  // optional (full, mtp): this layer's selection; dense rows get 0..L-1
   bool force_score = false;  // full: score every sequence (its indices feed a consumer)
 
-  TensorDesc out;          // [T, H, 512] bf16/f32
+  TensorDesc out;          // [T, H, 512] bf16/f32 (latent mode); [T, H, v_head_dim] (core mode)
   TensorDesc lse;          // [T, H] f32
+
+  // Core mode (SPEC §6; needs a plan made with PlannerConfig::core_mode): instead of q, the
+  // un-absorbed query and the layer's kv_b_proj; out is then [T, H, v_head_dim], the input of
+  // o_proj. Sparse and decode rows are absorbed with W_UK inside the step, attend in absorbed
+  // form and are up-projected with W_UV; dense rows (kv_len <= topk) take the MHA form or the
+  // absorbed form per sequence, whichever the cost model (prefer_mha_form, docs/mha.md) says is
+  // cheaper (dense_form overrides it). Both modes compute the same function.
+  TensorDesc q_nope;       // [T, H, qk_nope_head_dim] bf16 (f32 on the CPU too)
+  TensorDesc q_pe;         // [T, H, 64], dtype of q_nope: rope(q_pe)
+  TensorDesc kv_b_proj;    // [H * (qk_nope_head_dim + v_head_dim), 512] bf16 (HF kv_b_proj.weight)
+  DenseForm dense_form = DenseForm::kAuto;
 
   void* workspace = nullptr;   // >= plan.workspace_bytes on the plan's device
   size_t workspace_bytes = 0;
@@ -110,6 +130,7 @@ struct StepParams {
 struct StepReport {
   int64_t seqs[3] = {0, 0, 0};   // sequences per Route
   int64_t rows[3] = {0, 0, 0};   // query rows per Route
+  int64_t mha_seqs = 0, mha_rows = 0;  // core mode: dense sequences / rows served in MHA form
   int64_t score_chunks = 0;      // untiled scoring (or mapping, shared) chunks
   int64_t tiled_rows = 0;        // rows scored in key-axis tiles
   int64_t score_tiles = 0;       // tiles over all tiled rows
@@ -118,8 +139,9 @@ struct StepReport {
   int64_t workspace_plan_bytes = 0;        // plan.workspace_bytes
   int64_t score_budget_bytes = 0;          // plan.score_budget_bytes
   // Host wall time per stage in ms (on CUDA: time to enqueue).
+  // ms_project: core mode's W_UK absorb and W_UV up-projection; ms_dense includes MHA form.
   double ms_cache = 0, ms_prepare = 0, ms_score = 0, ms_select = 0, ms_map = 0, ms_sparse = 0,
-         ms_dense = 0, ms_total = 0;
+         ms_dense = 0, ms_project = 0, ms_total = 0;
   // Host microseconds of this call (step, prepare or run) from entry to return, less the wait
   // of a timed step: for run(), the per-layer host cost of a step.
   double host_us = 0;
@@ -128,7 +150,7 @@ struct StepReport {
   // first event to the last, so it includes gaps between stages.
   bool gpu_timed = false;
   double gpu_ms_cache = 0, gpu_ms_prepare = 0, gpu_ms_score = 0, gpu_ms_select = 0, gpu_ms_map = 0,
-         gpu_ms_sparse = 0, gpu_ms_dense = 0, gpu_ms_total = 0;
+         gpu_ms_sparse = 0, gpu_ms_dense = 0, gpu_ms_project = 0, gpu_ms_total = 0;
 };
 
 // Not re-entrant: one step at a time per object (its host staging is reused by every step).

@@ -41,6 +41,11 @@ struct PlannerConfig {
   double kv_cache_fraction = 0.9;                  // share of (memory - workspace) the KV may take
   bool memory_is_exact = false;                    // true: no fraction (kv_cache_fraction ignored)
   Device device{};
+  // Steps may run in core mode (StepParams::q_nope / q_pe / kv_b_proj in, [T, H, v] out): the
+  // workspace then also holds the absorbed queries [rows, H, 576] and latent outputs
+  // [rows, H, 512] of the step's rows (bf16 on CUDA, f32 on the CPU). Dense rows in MHA form
+  // decompress their K/V into the score region (so the score budget bounds that too).
+  bool core_mode = false;
 };
 
 // One buffer of the plan: name, bytes (alignment included) and what it holds.
@@ -61,6 +66,11 @@ struct Plan {
   int64_t score_region_bytes = 0;    // the arena's scoring part: <= score_budget_bytes
   int64_t min_score_budget_bytes = 0;  // the smallest budget that serves these limits
   int64_t attention_scratch_bytes = 0;  // backend workspace of sparse/dense MLA (0 on the CPU)
+  int64_t core_bytes = 0;             // core mode's absorbed queries + latent outputs (0 without)
+  // Core mode, MHA form: the longest dense context whose decompressed K/V fit the score region
+  // (0 when none does or the device has no MHA kernel for the geometry); longer dense
+  // sequences take the absorbed form.
+  int64_t mha_max_context = 0;
   std::vector<PlanBuffer> buffers;        // the arena, top level; sums to workspace_bytes
   std::vector<PlanBuffer> score_buffers;  // the score region when serving rows of max_context
   int64_t tile_width = 0;   // key columns per tile for rows that do not fit whole; 0: never tiles

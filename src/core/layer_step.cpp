@@ -4,8 +4,10 @@
 // object allocated at construction. See docs/planner.md.
 //
 //   prepare (once per batch):  validate_batch, acquire_slot, row_tables, stage_metadata
-//   run (once per layer):      validate, use_prepared, route, write_caches, dense_attend per
-//                              dense run, sparse_run per sparse run
+//   run (once per layer):      validate, use_prepared, route, write_caches, [core mode:
+//                              absorb_queries per absorbed run], dense_attend (or
+//                              dense_attend_mha) per dense run, sparse_run per sparse run,
+//                              [core mode: up_project per absorbed run]
 //   step:                      validate, then prepare's and run's stages
 #include <algorithm>
 #include <new>
@@ -49,9 +51,19 @@ Status run_layer(st::Step& s, SlotRelease& release, bool check_batch) {
   st::route(s);
   if (s.shape.T == 0) return Status::Ok();
   if (!(status = st::write_caches(s)).ok()) return status;
-  status = st::for_each_run(s, [&](const st::Run& run) { return run.dense ? st::dense_attend(s, run) : Status::Ok(); });
+  // Core mode: every run that attends in absorbed form gets its queries absorbed first and
+  // its latent outputs up-projected last; MHA-form runs write out directly.
+  const auto absorbed = [&](const st::Run& run) { return s.core && !st::served_mha(s, run); };
+  status = st::for_each_run(s, [&](const st::Run& run) { return absorbed(run) ? st::absorb_queries(s, run) : Status::Ok(); });
+  if (!status.ok()) return status;
+  status = st::for_each_run(s, [&](const st::Run& run) {
+    if (!run.dense) return Status::Ok();
+    return st::served_mha(s, run) ? st::dense_attend_mha(s, run) : st::dense_attend(s, run);
+  });
   if (!status.ok()) return status;
   status = st::for_each_run(s, [&](const st::Run& run) { return run.dense ? Status::Ok() : st::sparse_run(s, run); });
+  if (!status.ok()) return status;
+  status = st::for_each_run(s, [&](const st::Run& run) { return absorbed(run) ? st::up_project(s, run) : Status::Ok(); });
   if (!status.ok() || !s.p.slot_mapping.present()) return status;
   return st::mask_padded(s);
 }
@@ -81,6 +93,15 @@ Status one_prefix(Status st) {
 }
 
 }  // namespace
+
+const char* dense_form_name(DenseForm f) {
+  switch (f) {
+    case DenseForm::kAuto: return "auto";
+    case DenseForm::kMha: return "mha";
+    case DenseForm::kAbsorbed: return "absorbed";
+  }
+  return "unknown";
+}
 
 const char* route_name(Route r) {
   switch (r) {

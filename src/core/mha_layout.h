@@ -27,6 +27,14 @@ struct MhaLayout {
 };
 MhaLayout mha_layout(DeviceType device, int64_t H, int64_t qk_nope, int64_t v, int64_t tokens);
 
+// Whether `device` has an MHA-form kernel for (qk_nope, v): any multiples of 16 on the CPU;
+// (128 | 192, 128 | 256) on CUDA (DeepSeek-V3.2 and GLM-5).
+inline bool mha_geometry_supported(DeviceType device, int64_t qk_nope, int64_t v) {
+  if (qk_nope <= 0 || v <= 0 || qk_nope % 16 != 0 || v % 16 != 0) return false;
+  if (device == DeviceType::kCPU) return true;
+  return (qk_nope == 128 || qk_nope == 192) && (v == 128 || v == 256);
+}
+
 // A group of sequences [b0, b1) whose contexts share the workspace. packed: sequence b's
 // context starts at the sum of kv_len of b0 .. b-1 (host lengths known); else at (b - b0) *
 // seq_stride (seq_stride = the block table's capacity). tokens: rows the group decompresses.

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/arena.h"
+#include "core/mha_layout.h"
 #include "core/step_layout.h"
 #include "core/validate.h"
 #include "dsa/attention.h"
@@ -164,6 +165,29 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
   }
   const int64_t whole = p.chunk_bytes(max_rows, L);
   p.score_region_bytes = whole <= budget ? whole : budget;
+  if (c.core_mode) {
+    // Core mode: dense rows in MHA form decompress their K/V into the score region, so the
+    // region grows (within the budget) to the MHA reservation; the longest dense context
+    // whose K/V fit it is the plan's mha_max_context.
+    if (g.qk_nope_head_dim <= 0 || g.qk_nope_head_dim % 16 != 0 || g.v_head_dim <= 0 || g.v_head_dim % 16 != 0)
+      return invalid("core_mode: expected geometry.qk_nope_head_dim and v_head_dim positive multiples of 16, got " +
+                     num(g.qk_nope_head_dim) + " and " + num(g.v_head_dim));
+    if (core::mha_geometry_supported(c.device.type, g.qk_nope_head_dim, g.v_head_dim)) {
+      MhaPrefillReservation r;
+      if (plan_mha_prefill(c, budget, &r).ok()) {
+        p.score_region_bytes = std::max(p.score_region_bytes, std::min(budget, r.bytes));
+        auto mha_bytes = [&](int64_t n) {
+          return mha_prefill_workspace_bytes(c.device, g.num_heads, g.qk_nope_head_dim, g.v_head_dim, n);
+        };
+        int64_t lo = 0, hi = r.max_seq_context;  // the longest context within the region
+        while (lo < hi) {
+          const int64_t mid = lo + (hi - lo + 1) / 2;
+          if (mha_bytes(mid) <= p.score_region_bytes) lo = mid; else hi = mid - 1;
+        }
+        p.mha_max_context = lo;
+      }
+    }
+  }
   if (!one_row_fits) {
     p.tile_width = best_tile;
     p.max_tiles = (L + best_tile - 1) / best_tile;
@@ -194,6 +218,8 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
     p.buffers.push_back(PlanBuffer{"alignment_slack", core::Arena::kAlign,
                                    "aligns the first buffer of an unaligned workspace"});
     p.workspace_bytes = a.used() + core::Arena::kAlign;
+    for (const PlanBuffer& b : p.buffers)
+      if (b.name == "core_absorbed_q" || b.name == "core_latent_out") p.core_bytes += b.bytes;
   }
   p.host_bytes = core::host_staging(p).total_words() * 4;
 

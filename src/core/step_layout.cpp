@@ -105,7 +105,15 @@ bool layout_step(Arena& a, const Plan& plan, StepLayout* o, std::vector<PlanBuff
   o->attn_ws_bytes = plan.attention_scratch_bytes;
   o->score = score;
   o->score_bytes = plan.score_region_bytes;
-  return ok;
+  o->core_q = o->core_out = nullptr;
+  o->core_dtype = core_region_dtype(plan.config.device);
+  if (!ok || !plan.config.core_mode) return ok;
+  const int64_t es = static_cast<int64_t>(dtype_size(o->core_dtype));
+  const int64_t per_row = saturating_mul(plan.config.geometry.num_heads, es);
+  return take_bytes(a, saturating_mul(saturating_mul(T, per_row), 576), &o->core_q, names, "core_absorbed_q",
+                    "core mode: absorbed queries [rows, H, 576] (W_UK applied in the step)") &&
+         take_bytes(a, saturating_mul(saturating_mul(T, per_row), 512), &o->core_out, names, "core_latent_out",
+                    "core mode: latent attention outputs [rows, H, 512] (before W_UV)");
 }
 
 HostStaging host_staging(const Plan& plan) {

@@ -70,7 +70,14 @@ struct StepLayout {
   int64_t attn_ws_bytes = 0;
   void* score = nullptr;           // the score region
   int64_t score_bytes = 0;
+  // Core-mode plans: absorbed queries [max_rows, H, 576] and latent outputs [max_rows, H, 512],
+  // in core_dtype (bf16 on CUDA, f32 on the CPU); null otherwise.
+  void* core_q = nullptr;
+  void* core_out = nullptr;
+  DType core_dtype = DType::kF32;
 };
+// The element type of the core-mode regions on `dev`: what the absorbed kernels read there.
+inline DType core_region_dtype(Device dev) { return dev.type == DeviceType::kCPU ? DType::kF32 : DType::kBF16; }
 bool layout_step(Arena& a, const Plan& plan, StepLayout* out, std::vector<PlanBuffer>* names = nullptr);
 
 // The host staging of an Attention object, in i32 words (pinned memory on CUDA). Every upload

@@ -10,7 +10,6 @@
 namespace dsa {
 namespace core {
 namespace step {
-namespace {
 
 // Top-k of a row with L <= topk reads no score: it fills the identity through the ordinary op.
 Status identity_indices(Step& s, const Run& run) {
@@ -37,8 +36,6 @@ Status identity_indices(Step& s, const Run& run) {
   return st;
 }
 
-}  // namespace
-
 Status dense_attend(Step& s, const Run& run) {
   const StepParams& p = s.p;
   const auto td = Clock::now();
@@ -51,7 +48,7 @@ Status dense_attend(Step& s, const Run& run) {
   s.dense_cu_at += nb + 1;
   Status st;
   DenseMlaParams dp;
-  dp.q = rows(p.q, run.r0, n);
+  dp.q = rows(s.q_abs, run.r0, n);
   dp.kv.paged = p.mla_cache;
   dp.cu_seqlens_q = dev_tensor(cu_dev, DType::kI32, {nb + 1}, s.dev);
   dp.block_table = rows(p.block_table, run.b0, nb);
@@ -62,7 +59,7 @@ Status dense_attend(Step& s, const Run& run) {
   dp.kv_lens = dev_tensor(s.lay.kv_lens + run.b0, DType::kI32, {nb}, s.dev);
   dp.attn_sink = p.attn_sink;
   dp.sm_scale = s.sm_scale;
-  dp.out = rows(p.out, run.r0, n);
+  dp.out = rows(s.out_lat, run.r0, n);
   dp.lse = rows(p.lse, run.r0, n);
   dp.workspace = s.lay.attn_ws;
   dp.workspace_bytes = static_cast<size_t>(s.lay.attn_ws_bytes);

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "core/step/step.h"
+#include "dsa/mha.h"
 
 namespace dsa {
 namespace core {
@@ -19,14 +20,39 @@ namespace {
 // except a full layer with force_score, which has no dense run at all.
 // Device-length batches have no dense run: their short rows get the identity from top-k.
 bool dense_by_length(const Step& s, int64_t b) { return !s.device_lengths && s.kv_lens_h[b] <= s.K; }
+
+// Core-mode plans: the MHA form for a dense sequence where its K/V fit the score region and
+// the cost model prefers it (docs/mha.md). Decided once per batch so that the dense runs'
+// cu_seqlens (uploaded by prepare) are split where the form changes.
+bool mha_by_cost(const Step& s, int64_t b) {
+  const ModelGeometry& g = s.cfg.geometry;
+  return s.cfg.core_mode && dense_by_length(s, b) && s.kv_lens_h[b] <= s.plan.mha_max_context &&
+         prefer_mha_form(s.q_len(b), s.kv_lens_h[b], s.H, g.qk_nope_head_dim, g.v_head_dim);
+}
 }  // namespace
+
+bool served_mha(const Step& s, const Run& run) {
+  if (!s.core || !run.dense) return false;
+  switch (s.p.dense_form) {
+    case DenseForm::kAbsorbed: return false;
+    case DenseForm::kMha:
+      for (int64_t b = run.b0; b < run.b1; ++b)
+        if (s.kv_len(b) > s.plan.mha_max_context) return false;
+      return true;
+    case DenseForm::kAuto: break;
+  }
+  return run.mha;
+}
 
 void row_tables(Step& s) {
   const StepParams& p = s.p;
   const int64_t B = s.shape.B;
   s.device_lengths = p.device_lengths;
   if (p.device_lengths) {  // the device builds the rows (stage_metadata); nothing is dense
-    for (int64_t b = 0; b < B; ++b) s.state.q_lens[static_cast<size_t>(b)] = static_cast<int32_t>(p.next_n);
+    for (int64_t b = 0; b < B; ++b) {
+      s.state.q_lens[static_cast<size_t>(b)] = static_cast<int32_t>(p.next_n);
+      s.state.mha[static_cast<size_t>(b)] = 0;
+    }
     s.dense_cu_words = 0;
     return;
   }
@@ -42,8 +68,9 @@ void row_tables(Step& s) {
       s.row_len_h[t] = kl - ql + i + 1;
     }
   }
-  // cu_seqlens of each run of dense sequences, a region per run (dense_attend reads them in
-  // the same order).
+  for (int64_t b = 0; b < B; ++b) s.state.mha[static_cast<size_t>(b)] = mha_by_cost(s, b) ? 1 : 0;
+  // cu_seqlens of each run of dense sequences of one form, a region per run (the dense
+  // attends read them in the same order: for_each_run).
   int64_t at = 0;
   for (int64_t b = 0; b < B;) {
     if (!dense_by_length(s, b)) {
@@ -52,7 +79,8 @@ void row_tables(Step& s) {
     }
     int64_t e = b;
     int64_t rows = 0;
-    while (e < B && dense_by_length(s, e)) rows += s.q_len(e++);
+    const uint8_t form = s.state.mha[static_cast<size_t>(b)];
+    while (e < B && dense_by_length(s, e) && s.state.mha[static_cast<size_t>(e)] == form) rows += s.q_len(e++);
     if (rows > 0) {
       int32_t* cu = s.dense_cu_h + at;
       cu[0] = 0;

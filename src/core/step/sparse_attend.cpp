@@ -11,12 +11,12 @@ Status sparse_attend(Step& s, int64_t r0, int64_t n, const TensorDesc& mapped) {
   const auto ts = Clock::now();
   mark(s, Stage::kSparse);
   SparseMlaParams sp;
-  sp.q = rows(p.q, r0, n);
+  sp.q = rows(s.q_abs, r0, n);
   sp.kv.paged = p.mla_cache;
   sp.indices = mapped;
   sp.attn_sink = p.attn_sink;
   sp.sm_scale = s.sm_scale;
-  sp.out = rows(p.out, r0, n);
+  sp.out = rows(s.out_lat, r0, n);
   sp.lse = rows(p.lse, r0, n);
   sp.workspace = s.lay.attn_ws;
   sp.workspace_bytes = static_cast<size_t>(s.lay.attn_ws_bytes);

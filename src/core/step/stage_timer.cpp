@@ -87,6 +87,7 @@ Status StageTimer::end(StepReport* rep) {
   rep->gpu_ms_map = ms_[static_cast<int>(Stage::kMap)];
   rep->gpu_ms_sparse = ms_[static_cast<int>(Stage::kSparse)];
   rep->gpu_ms_dense = ms_[static_cast<int>(Stage::kDense)];
+  rep->gpu_ms_project = ms_[static_cast<int>(Stage::kProject)];
   rep->gpu_ms_total = total_;
   return Status::Ok();
 }

@@ -12,8 +12,8 @@ namespace dsa {
 namespace core {
 namespace step {
 
-enum class Stage : int { kCache = 0, kPrepare, kScore, kSelect, kMap, kSparse, kDense };
-constexpr int kStages = 7;
+enum class Stage : int { kCache = 0, kPrepare, kScore, kSelect, kMap, kSparse, kDense, kProject };
+constexpr int kStages = 8;
 
 class StageTimer {
  public:

@@ -19,6 +19,7 @@ Status StepState::init(const Plan& plan) {
   try {
     route.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
     q_lens.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
+    mha.resize(static_cast<size_t>(plan.config.max_seqs_per_step));
   } catch (const std::exception&) {  // std::bad_alloc, or std::length_error past max_size()
     return Status(StatusCode::kOutOfMemory, "attention_step: plan.config.max_seqs_per_step: cannot allocate the routes of " +
                                                 std::to_string(plan.config.max_seqs_per_step) + " sequences");
@@ -109,11 +110,7 @@ void keep_prepared(Step& s) {
 }
 
 Status use_prepared(Step& s) {
-  const Prepared& pr = s.state.prepared;
-  if (s.ops.queued()) {
-    Status c = s.ops.capturing(s.p.stream, &s.capturing);
-    if (!c.ok()) return c;
-  }
+  const Prepared& pr = s.state.prepared;  // s.capturing: set on entry (Attention::enter)
   s.slot = pr.slot;
   point_at_slot(s);
   s.lay = pr.lay;
@@ -128,6 +125,16 @@ Status use_prepared(Step& s) {
   s.score_arena = Arena(s.lay.score, s.lay.score_bytes);
   s.score_high = 0;
   s.dense_cu_at = 0;
+  // What the absorbed attends read and write: the caller's q / out (latent mode), or the
+  // workspace's absorbed queries and latent outputs around the projections (core mode).
+  s.core = s.p.q_nope.present();
+  if (s.core) {
+    s.q_abs = dev_tensor(s.lay.core_q, s.lay.core_dtype, {T, s.H, kQkDim}, s.dev);
+    s.out_lat = dev_tensor(s.lay.core_out, s.lay.core_dtype, {T, s.H, kLatentDim}, s.dev);
+  } else {
+    s.q_abs = s.p.q;
+    s.out_lat = s.p.out;
+  }
   return Status::Ok();
 }
 

@@ -110,6 +110,9 @@ struct StepState {
   bool slot_pending[2] = {false, false};
   std::vector<Route> route;
   std::vector<int32_t> q_lens;  // [max_seqs] the prepared batch's q_lens
+  // [max_seqs] core-mode plans: the prepared batch's dense sequences the cost model sends to
+  // the MHA form (dense runs are split where it changes; row_tables).
+  std::vector<uint8_t> mha;
   std::vector<int64_t> chunk_widths;  // sparse_run's chunk search (capacity kept between steps)
   Prepared prepared;
   StageTimer timer;  // StepParams::time_stages
@@ -156,6 +159,10 @@ struct Step {
   int64_t dense_cu_at = 0;  // next dense run's dense_cu region
   int64_t dense_cu_words = 0;  // dense_cu words of the batch's dense runs
   bool device_lengths = false;  // the batch's lengths live on the device (StepParams::device_lengths)
+  // Core mode (StepParams::q_nope given): the absorbed attends read q_abs and write out_lat,
+  // workspace regions between the projections; in latent mode they are p.q and p.out.
+  bool core = false;
+  TensorDesc q_abs, out_lat;
 
   // The key width a row is scored with: its own length, or the plan's max_context when the
   // lengths are on the device (chunking then depends only on B and next_n).
@@ -168,10 +175,12 @@ struct Step {
   Arena fresh_score_arena();
 };
 
-// A run of consecutive sequences on one route: sequences [b0, b1), rows [r0, r1).
+// A run of consecutive sequences on one route: sequences [b0, b1), rows [r0, r1). mha: a
+// dense run the cost model sends to the MHA form (core-mode plans; StepState::mha).
 struct Run {
   int64_t b0, b1, r0, r1;
   bool dense;
+  bool mha;
 };
 // fn(const Run&) -> Status for each non-empty run, in batch order; stops at the first error.
 template <typename F>
@@ -180,8 +189,10 @@ Status for_each_run(const Step& s, F&& fn) {
   int64_t b = 0, r = 0;
   while (b < B) {
     const bool dense = s.state.route[b] == Route::kDense;
-    Run run{b, b, r, r, dense};
-    while (run.b1 < B && (s.state.route[run.b1] == Route::kDense) == dense) {
+    const bool mha = dense && s.state.mha[static_cast<size_t>(b)];
+    Run run{b, b, r, r, dense, mha};
+    while (run.b1 < B && (s.state.route[run.b1] == Route::kDense) == dense &&
+           (dense && s.state.mha[static_cast<size_t>(run.b1)]) == mha) {
       run.r1 += s.q_len(run.b1);
       ++run.b1;
     }
@@ -221,7 +232,17 @@ void keep_prepared(Step& s);     // what the runs reuse
 Status use_prepared(Step& s);    // the prepared batch's slot and layout for this layer
 void route(Step& s);             // a Route per sequence for this layer's role
 Status write_caches(Step& s);
-Status dense_attend(Step& s, const Run& run);
+Status dense_attend(Step& s, const Run& run);      // absorbed form (dense_mla)
+// Core mode: whether a dense run takes the MHA form (the cost model's split, dense_form) and
+// its attention in that form (dense_mha_prefill; decompressed K/V in the score region).
+bool served_mha(const Step& s, const Run& run);
+Status dense_attend_mha(Step& s, const Run& run);
+// Rows of a dense run get the identity selection 0..L-1 in indices_out (no scores read).
+Status identity_indices(Step& s, const Run& run);
+// Core mode, around the absorbed attends of a run: q_abs rows from q_nope / q_pe (W_UK), and
+// out rows from out_lat (W_UV).
+Status absorb_queries(Step& s, const Run& run);
+Status up_project(Step& s, const Run& run);
 Status sparse_run(Step& s, const Run& run);
 Status prepare_queries(Step& s, const Run& run);
 // Scores rows [r0, r0 + m) (widest row `width`) in one chunk, selects and maps; *mapped gets

@@ -228,15 +228,32 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
     if (B > cfg.max_seqs_per_step)
       return limit("batch: B = " + num(B) + " sequences exceeds the plan's max_seqs_per_step = " + num(cfg.max_seqs_per_step));
   }
-  if (!p.q.present() || p.q.ndim != 3 || p.q.shape[1] != H || p.q.shape[2] != kQkDim)
+  // Core mode (q_nope, q_pe, kv_b_proj instead of q; out [T, H, v]) or latent mode.
+  const bool core = p.q_nope.present() || p.q_pe.present() || p.kv_b_proj.present();
+  const int64_t nope = g.qk_nope_head_dim, vdim = g.v_head_dim;
+  const TensorDesc& query = core ? p.q_nope : p.q;
+  const char* query_name = core ? "q_nope" : "q";
+  if (core) {
+    if (!cfg.core_mode)
+      return invalid("q_nope: core mode (q_nope / q_pe / kv_b_proj given) expected a plan made with core_mode = true; "
+                     "this plan reserved no core-mode workspace");
+    if (p.q.present()) return invalid("q: expected none in core mode (q_nope / q_pe / kv_b_proj given), got " + describe(p.q));
+    if (!p.q_nope.present() || p.q_nope.ndim != 3 || p.q_nope.shape[1] != H || p.q_nope.shape[2] != nope)
+      return invalid("q_nope: expected [T, H = " + num(H) + ", qk_nope = " + num(nope) + "] (core mode, the plan's geometry), got " +
+                     describe(p.q_nope));
+  } else if (!p.q.present() || p.q.ndim != 3 || p.q.shape[1] != H || p.q.shape[2] != kQkDim) {
     return invalid("q: expected [T, H = " + num(H) + ", 576] (the plan's geometry)");
-  const int64_t T = p.q.shape[0];
+  }
+  if (p.dense_form != DenseForm::kAuto && p.dense_form != DenseForm::kMha && p.dense_form != DenseForm::kAbsorbed)
+    return invalid("dense_form: expected auto, mha or absorbed");
+  const int64_t T = query.shape[0];
   if (p.device_lengths && T != dev_T)
-    return invalid("q: expected T = B * next_n = " + num(dev_T) + " rows (device_lengths), got " + num(T));
+    return invalid(std::string(query_name) + ": expected T = B * next_n = " + num(dev_T) + " rows (device_lengths), got " + num(T));
   if (T > plan.max_rows)
     return limit("batch: T = " + num(T) + " tokens exceeds the plan's max_tokens_per_step = " + num(cfg.max_tokens_per_step) +
                  (plan.max_rows > cfg.max_tokens_per_step ? " (max_seqs_per_step * max_next_n = " + num(plan.max_rows) + " rows)" : ""));
-  if (p.q.device != dev) return invalid("q: expected on the plan's device " + std::string(device_type_name(dev.type)));
+  if (query.device != dev)
+    return invalid(std::string(query_name) + ": expected on the plan's device " + std::string(device_type_name(dev.type)));
   int64_t sum_q = p.device_lengths ? T : 0;
   for (int64_t b = 0; b < B && !p.device_lengths; ++b) {
     const int64_t ql = batch_q_len(p, b);
@@ -269,11 +286,31 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
   {
     // Whole-step shapes: the step hands the ops row slices, so a short tensor must fail here.
     core::ArgCheck c(kOp);
-    c.tensor(p.q, "q", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kQkDim, "576"}});
+    if (core) {
+      if (dev.type == DeviceType::kCPU) c.tensor(p.q_nope, "q_nope", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {nope, "qk_nope_head_dim"}});
+      else c.tensor(p.q_nope, "q_nope", {DType::kBF16}, {{T, "T"}, {H, "H"}, {nope, "qk_nope_head_dim"}});
+      if (c.ok()) c.tensor(p.q_pe, "q_pe", {p.q_nope.dtype}, {{T, "T"}, {H, "H"}, {kRopeDim, "64"}});
+      if (c.ok()) {
+        const std::string wshape = "[H * (qk_nope + v), 512] = [" + num(H * (nope + vdim)) + ", 512]";
+        if (!p.kv_b_proj.present())
+          c.require(false, "kv_b_proj", "is required in core mode (expected a bf16 tensor of shape " + wshape + ")");
+        else if (p.kv_b_proj.dtype != DType::kBF16)
+          c.require(false, "kv_b_proj", std::string("expected dtype bf16, got ") + dtype_name(p.kv_b_proj.dtype));
+        else if (p.kv_b_proj.ndim != 2 || p.kv_b_proj.shape[0] != H * (nope + vdim) || p.kv_b_proj.shape[1] != kLatentDim)
+          c.require(false, "kv_b_proj", "expected shape " + wshape + ", got " + describe(p.kv_b_proj));
+        c.tensor(p.kv_b_proj, "kv_b_proj", {DType::kBF16}, {{H * (nope + vdim), "H * (qk_nope + v)"}, {kLatentDim, "512"}});
+      }
+      if (c.ok() && p.kv_b_proj.device != dev)
+        c.require(false, "kv_b_proj", "expected on the plan's device " + std::string(device_type_name(dev.type)) + ", got " +
+                                          describe(p.kv_b_proj));
+    } else {
+      c.tensor(p.q, "q", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kQkDim, "576"}});
+    }
     c.tensor(p.block_table, "block_table", {DType::kI32}, {{B, "B"}, "max_blocks"});
     c.tensor(p.kv_c, "kv_c", {DType::kBF16, DType::kF32}, {{T, "T"}, {kLatentDim, "512"}});
     c.tensor(p.k_pe, "k_pe", {DType::kBF16, DType::kF32}, {{T, "T"}, {kRopeDim, "64"}});
-    c.tensor(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kLatentDim, "512"}});
+    if (core) c.tensor(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {vdim, "v_head_dim"}});
+    else c.tensor(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kLatentDim, "512"}});
     c.tensor(p.lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
     c.optional(p.attn_sink, "attn_sink", {DType::kF32}, {{H, "H"}}, false);
     c.optional(p.positions, "positions", {DType::kI32, DType::kI64}, {{T, "T"}}, false);

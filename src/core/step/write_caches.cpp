@@ -63,7 +63,7 @@ Status mask_padded(Step& s) {
   a.slot_stride = p.slot_mapping.stride[0];
   a.T = s.shape.T;
   a.H = s.H;
-  a.D = kLatentDim;
+  a.D = s.core ? s.cfg.geometry.v_head_dim : kLatentDim;  // out's last dim
   a.out = static_cast<uint8_t*>(p.out.data);
   a.out_s0 = p.out.stride[0];
   a.out_s1 = p.out.stride[1];
