@@ -134,6 +134,38 @@ struct Mismatches {
   }
 };
 
+// Two runs of `op` into a fresh guarded output ([T, H, *] with head stride hs) on `stream`:
+// the first's bytes; the second must give the same bits.
+template <typename P, typename MakeParams>
+Result run_twice(Status (*op)(const P&), MakeParams make, DType dt, int64_t T, int64_t H, int64_t hs,
+                 cudaStream_t stream) {
+  Result r{dt, H, hs, {}};
+  Guarded out(static_cast<size_t>(T * H * hs) * r.elem());
+  P p = make(out.data());
+  p.stream = stream;
+  Status st = op(p);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(dsa_gpu_test::device_clean());
+  r.bytes = out.all();
+  out.refill();
+  st = op(p);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(dsa_gpu_test::same_bits(out.all(), r.bytes, "rerun"));
+  return r;
+}
+
+// A host output for the CPU backend: bf16 or f32 storage, read back as values.
+struct HostOut {
+  DType dt;
+  std::vector<uint16_t> o16;
+  std::vector<float> o32;
+  HostOut(DType d, size_t n) : dt(d), o16(d == DType::kBF16 ? n : 0), o32(d == DType::kBF16 ? 0 : n) {}
+  TensorDesc desc(std::initializer_list<int64_t> dims) {
+    return dt == DType::kBF16 ? dsa_test::t_bf16(o16.data(), dims) : dsa_test::t_f32(o32.data(), dims);
+  }
+  std::vector<float> values() const { return dt == DType::kBF16 ? dsa_test::from_bf16(o16) : o32; }
+};
+
 double tolerance(double abs_sum, double want, int64_t terms, bool bf16_out) {
   return static_cast<double>(terms) * std::ldexp(abs_sum, -24) + (bf16_out ? std::ldexp(std::fabs(want), -8) : 0.0) +
          1e-30;
@@ -178,40 +210,24 @@ struct AbsorbDev {
     p.q_out = view(out, dt, {T, H, 576}, {H * out_hs(), out_hs(), 1});
     return p;
   }
-  // Two runs on `stream`: the first's bytes; the second must match them bit for bit.
   Result run(DType dt, cudaStream_t stream = nullptr) {
-    Result r{dt, in.H, out_hs(), {}};
-    Guarded out(static_cast<size_t>(in.T * in.H * out_hs()) * r.elem());
-    MlaAbsorbQParams p = params(out.data(), dt);
-    p.stream = stream;
-    Status st = mla_absorb_q(p);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    EXPECT_TRUE(dsa_gpu_test::device_clean());
-    r.bytes = out.all();
-    out.refill();
-    st = mla_absorb_q(p);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    EXPECT_TRUE(dsa_gpu_test::same_bits(out.all(), r.bytes, "rerun"));
-    return r;
+    return run_twice(&mla_absorb_q, [&](void* out) { return params(out, dt); }, dt, in.T, in.H, out_hs(), stream);
   }
 };
 
 // The CPU backend on host copies of the same inputs (contiguous), as values [T, H, 576].
 std::vector<float> cpu_absorb(const Inputs& in, DType dt) {
   std::vector<uint16_t> qn = in.qn, qp = in.qp;
-  const size_t n = static_cast<size_t>(in.T * in.H * 576);
-  std::vector<uint16_t> o16(n);
-  std::vector<float> o32(n);
+  HostOut out(dt, static_cast<size_t>(in.T * in.H * 576));
   MlaAbsorbQParams p;
   p.q_nope = dsa_test::t_bf16(qn.data(), {in.T, in.H, in.nope});
   p.q_pe = dsa_test::t_bf16(qp.data(), {in.T, in.H, kRope});
   p.kv_b_proj = make_tensor(in.w.data(), DType::kBF16, {in.rows(), kLatent});
   p.v_dim = in.v;
-  p.q_out = dt == DType::kBF16 ? dsa_test::t_bf16(o16.data(), {in.T, in.H, 576}) : dsa_test::t_f32(o32.data(), {in.T, in.H, 576});
+  p.q_out = out.desc({in.T, in.H, 576});
   const Status st = mla_absorb_q(p);
   EXPECT_TRUE(st.ok()) << st.to_string();
-  if (dt == DType::kBF16) return dsa_test::from_bf16(o16);
-  return o32;
+  return out.values();
 }
 
 void check_absorb(const Inputs& in) {
@@ -296,36 +312,21 @@ struct UpDev {
     return p;
   }
   Result run(DType dt, cudaStream_t stream = nullptr) {
-    Result r{dt, in.H, out_hs(), {}};
-    Guarded out(static_cast<size_t>(in.T * in.H * out_hs()) * r.elem());
-    MlaUpProjectParams p = params(out.data(), dt);
-    p.stream = stream;
-    Status st = mla_up_project(p);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    EXPECT_TRUE(dsa_gpu_test::device_clean());
-    r.bytes = out.all();
-    out.refill();
-    st = mla_up_project(p);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    EXPECT_TRUE(dsa_gpu_test::same_bits(out.all(), r.bytes, "rerun"));
-    return r;
+    return run_twice(&mla_up_project, [&](void* out) { return params(out, dt); }, dt, in.T, in.H, out_hs(), stream);
   }
 };
 
 std::vector<float> cpu_up(const Inputs& in, DType dt) {
   std::vector<uint16_t> lat = in.lat;
-  const size_t n = static_cast<size_t>(in.T * in.H * in.v);
-  std::vector<uint16_t> o16(n);
-  std::vector<float> o32(n);
+  HostOut out(dt, static_cast<size_t>(in.T * in.H * in.v));
   MlaUpProjectParams p;
   p.latent = dsa_test::t_bf16(lat.data(), {in.T, in.H, kLatent});
   p.kv_b_proj = make_tensor(in.w.data(), DType::kBF16, {in.rows(), kLatent});
   p.qk_nope = in.nope;
-  p.out = dt == DType::kBF16 ? dsa_test::t_bf16(o16.data(), {in.T, in.H, in.v}) : dsa_test::t_f32(o32.data(), {in.T, in.H, in.v});
+  p.out = out.desc({in.T, in.H, in.v});
   const Status st = mla_up_project(p);
   EXPECT_TRUE(st.ok()) << st.to_string();
-  if (dt == DType::kBF16) return dsa_test::from_bf16(o16);
-  return o32;
+  return out.values();
 }
 
 void check_up(const Inputs& in) {
