@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -121,16 +122,17 @@ struct Result {
   }
 };
 
-// Collects mismatches; reports the first and how many.
+// Counts mismatches and keeps the first one's description.
 struct Mismatches {
   int64_t count = 0;
   std::string first;
   void check(double got, double want, double tol, const char* what, int64_t t, int64_t h, int64_t c) {
     if (std::isfinite(got) && std::fabs(got - want) <= tol) return;
-    if (count++ == 0)
-      first = std::string(what) + "[" + std::to_string(t) + ", " + std::to_string(h) + ", " + std::to_string(c) +
-              "]: got " + std::to_string(got) + ", want " + std::to_string(want) + " (tolerance " +
-              std::to_string(tol) + ")";
+    if (count++ > 0) return;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s[%lld, %lld, %lld]: got %.9g, want %.9g (tolerance %.3g)", what,
+                  static_cast<long long>(t), static_cast<long long>(h), static_cast<long long>(c), got, want, tol);
+    first = buf;
   }
 };
 
