@@ -76,8 +76,11 @@ bool prefer_mha_form(int64_t q_len, int64_t kv_len, int64_t num_heads, int64_t q
 // kv_b_proj layout above:
 //   absorb:     q_out[t, h] = [W_UK[h]ᵀ·q_nope[t, h] (512) | q_pe[t, h] (64)]     [T, H, 576]
 //   up-project: out[t, h]   = W_UV[h]·latent[t, h]                          (v)    [T, H, v]
-// f32 accumulation; the output dtype's rounding once at the end. CPU backend in this version
-// (a CUDA tensor gets kUnsupported naming the op and the device).
+// f32 accumulation; the output dtype's rounding once at the end. CPU: bf16 or f32 in and out.
+// CUDA: one batched cuBLAS GEMM over the heads, bf16 inputs, bf16 or f32 outputs (f32 inputs
+// are kUnsupported), row strides (stride[0]) of at least the row's width below 2^31; it
+// allocates and synchronises nothing, so it can be captured in a CUDA graph once a first call
+// outside capture has created the device's cuBLAS handle.
 struct MlaAbsorbQParams {
   TensorDesc q_nope;     // [T, H, qk_nope] bf16 or f32, last dim contiguous
   TensorDesc q_pe;       // [T, H, 64], dtype of q_nope, last dim contiguous

@@ -2,6 +2,7 @@
 // dispatch; and the cost model of the two forms (docs/mha.md).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -272,11 +273,42 @@ void check_weight(core::ArgCheck& c, const TensorDesc& w, int64_t H, int64_t nop
   c.tensor(w, "kv_b_proj", {DType::kBF16}, {{H * (nope + v), "H * (qk_nope + v)"}, {512, "512"}});
 }
 
-// The projections have a CPU backend only in this version: any other device is kUnsupported.
-Status cpu_only(const char* op, const char* arg, Device dev) {
-  if (dev.type == DeviceType::kCPU) return Status::Ok();
+// The CUDA backend multiplies with cuBLAS: bf16 activations only (its GEMMs take both operands
+// in one type, and the weight is bf16), a bf16 or f32 output.
+Status cuda_bf16_input(const char* op, const char* arg, const TensorDesc& t, Device dev) {
+  if (t.dtype == DType::kBF16) return Status::Ok();
+  return Status(StatusCode::kUnsupported,
+                std::string(op) + ": " + arg + ": dtype " + dtype_name(t.dtype) + " on " + core::device_string(dev) +
+                    ": the CUDA backend takes bf16 " + arg + " (cuBLAS multiplies the bf16 weight by bf16 operands "
+                    "only), with a bf16 or f32 output; f32 inputs run on the CPU backend");
+}
+
+// A row stride the CUDA backend's batched GEMM takes as a leading dimension: in [min, 2^31)
+// where the tensor has more than one row (the contiguous layouts all do). `what` names min.
+Status cuda_row_stride(const char* op, const char* arg, const TensorDesc& t, int64_t min, const char* what,
+                       Device dev) {
+  const int64_t s = t.stride[0];
+  if (t.shape[0] <= 1 || (s >= min && s <= INT32_MAX)) return Status::Ok();
   return Status(StatusCode::kUnsupported, std::string(op) + ": " + arg + ": on " + core::device_string(dev) +
-                                              ": this version has the CPU backend of the projections only");
+                                              " expected a row stride (stride[0]) in [" +
+                                              (what ? std::string(what) + " = " : std::string()) + num(min) +
+                                              ", 2^31) for the batched GEMM's leading dimension, got " + num(s) +
+                                              " (a contiguous tensor has one; the CPU backend takes any stride)");
+}
+
+// The GEMM's row count and head count are 32-bit in cuBLAS.
+Status cuda_sizes(const char* op, const char* arg, int64_t T, int64_t H, Device dev) {
+  if (T <= INT32_MAX && H <= INT32_MAX) return Status::Ok();
+  return Status(StatusCode::kUnsupported, std::string(op) + ": " + arg + ": on " + core::device_string(dev) +
+                                              " expected T and H below 2^31 (cuBLAS's 32-bit sizes), got T = " +
+                                              num(T) + ", H = " + num(H));
+}
+
+template <typename... Checks>
+Status first_failure(Status st, Checks... rest) {
+  if (!st.ok()) return st;
+  if constexpr (sizeof...(rest) > 0) return first_failure(rest...);
+  return st;
 }
 
 }  // namespace
@@ -299,9 +331,18 @@ Status mla_absorb_q(const MlaAbsorbQParams& p) {
     Status st = core::pick_device(kAbsorb, {{&p.q_nope, "q_nope"}, {&p.q_pe, "q_pe"}, {&p.kv_b_proj, "kv_b_proj"},
                                             {&p.q_out, "q_out"}}, &dev);
     if (!st.ok()) return st;
-    if (Status cpu = cpu_only(kAbsorb, "q_nope", dev); !cpu.ok()) return cpu;
-    if (T == 0) return Status::Ok();
-    return core::backend_status(kAbsorb, dev, cpu::mla_absorb_q(p));
+    if (dev.type == DeviceType::kCUDA) {
+      st = first_failure(cuda_bf16_input(kAbsorb, "q_nope", p.q_nope, dev), cuda_sizes(kAbsorb, "q_nope", T, H, dev),
+                         cuda_row_stride(kAbsorb, "q_nope", p.q_nope, nope, "qk_nope", dev),
+                         cuda_row_stride(kAbsorb, "kv_b_proj", p.kv_b_proj, 512, nullptr, dev),
+                         cuda_row_stride(kAbsorb, "q_out", p.q_out, 512, nullptr, dev));
+      if (!st.ok()) return st;
+    }
+    if (T == 0) {
+      core::set_last_kernel_name("");  // nothing launched
+      return Status::Ok();
+    }
+    return core::backend_status(kAbsorb, dev, DSA_DISPATCH(dev, mla_absorb_q, p));
   });
 }
 
@@ -323,9 +364,19 @@ Status mla_up_project(const MlaUpProjectParams& p) {
     Device dev;
     Status st = core::pick_device(kUpProject, {{&p.latent, "latent"}, {&p.kv_b_proj, "kv_b_proj"}, {&p.out, "out"}}, &dev);
     if (!st.ok()) return st;
-    if (Status cpu = cpu_only(kUpProject, "latent", dev); !cpu.ok()) return cpu;
-    if (T == 0) return Status::Ok();
-    return core::backend_status(kUpProject, dev, cpu::mla_up_project(p));
+    if (dev.type == DeviceType::kCUDA) {
+      st = first_failure(cuda_bf16_input(kUpProject, "latent", p.latent, dev),
+                         cuda_sizes(kUpProject, "latent", T, H, dev),
+                         cuda_row_stride(kUpProject, "latent", p.latent, 512, nullptr, dev),
+                         cuda_row_stride(kUpProject, "kv_b_proj", p.kv_b_proj, 512, nullptr, dev),
+                         cuda_row_stride(kUpProject, "out", p.out, v, "v", dev));
+      if (!st.ok()) return st;
+    }
+    if (T == 0) {
+      core::set_last_kernel_name("");  // nothing launched
+      return Status::Ok();
+    }
+    return core::backend_status(kUpProject, dev, DSA_DISPATCH(dev, mla_up_project, p));
   });
 }
 

@@ -40,6 +40,10 @@ size_t dense_mla_workspace_size(const DenseMlaParams& p);
 StatusCode dense_mla(const DenseMlaParams& p);
 // mha_prefill.cu
 StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::MhaGroup& g);
+// mla_project.cu: the absorbed form's projections, one batched cuBLAS GEMM over the heads
+// each (bf16 in; bf16 or f32 out); absorb also copies q_pe into q_out[..., 512:576].
+StatusCode mla_absorb_q(const MlaAbsorbQParams& p);
+StatusCode mla_up_project(const MlaUpProjectParams& p);
 // Internal (tests, bench): run the portable attention kernel even on sm_90a. Also set by
 // the environment variable DSA_MHA_KERNEL=portable (read once).
 void set_mha_force_portable(bool on);

@@ -7,16 +7,16 @@
 // The attention kernel reads K_nope / V from the GEMM's output and k_pe from the gathered
 // latent rows, both plain row-major matrices that TMA can tile directly; it never touches the
 // paged or FP8 layouts. Nothing allocates or synchronises: cuBLAS gets its workspace from ours
-// (cublasSetWorkspace) and one handle per device, created on the first call and reused; run
-// the first call outside graph capture (as the engines' warm-up does).
+// (cublasSetWorkspace) and one handle per device (cuda/blas_handle.h), created on the first
+// call and reused; run the first call outside graph capture (as the engines' warm-up does).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
+#include "cuda/blas_handle.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/hopper/hopper.cuh"
@@ -26,8 +26,6 @@
 namespace dsa {
 namespace gpu {
 namespace {
-
-constexpr int kMaxDevices = 64;
 
 // Attention kernel choice: -1 read DSA_MHA_KERNEL once; 0 default (the serial Hopper
 // kernel); 1 portable; 2 serial Hopper; 3 pipelined Hopper (opt-in until checked on the
@@ -50,35 +48,14 @@ int kernel_mode() {
   return v;
 }
 
-struct Blas {
-  std::mutex mu;  // a handle's stream and workspace are per call: one call at a time
-  cublasHandle_t handle[kMaxDevices] = {};
-};
-Blas& blas() {
-  static Blas b;
-  return b;
-}
-
 StatusCode gemm(int device, cudaStream_t stream, void* ws, size_t ws_bytes, int N, int M, const uint16_t* w,
                 int64_t ldw, const uint16_t* latent, uint16_t* out) {
-  if (device < 0 || device >= kMaxDevices) return StatusCode::kUnsupported;
-  Blas& b = blas();
-  std::lock_guard<std::mutex> lock(b.mu);
-  if (b.handle[device] == nullptr) {
-    if (cublasCreate(&b.handle[device]) != CUBLAS_STATUS_SUCCESS) {
-      b.handle[device] = nullptr;
-      return StatusCode::kDeviceError;
-    }
-  }
-  cublasHandle_t h = b.handle[device];
-  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS) return StatusCode::kDeviceError;
-  if (cublasSetWorkspace(h, ws, ws_bytes) != CUBLAS_STATUS_SUCCESS) return StatusCode::kDeviceError;
-  const float one = 1.f, zero = 0.f;
-  // Column-major view: kvᵀ (N x M) = W (N x 512, stored as 512 x N: op T) · latentᵀ (512 x M, ld 576).
-  const cublasStatus_t st =
-      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, 512, &one, w, CUDA_R_16BF, static_cast<int>(ldw), latent,
-                   CUDA_R_16BF, mha::kRowElems, &zero, out, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  return st == CUBLAS_STATUS_SUCCESS ? StatusCode::kOk : StatusCode::kDeviceError;
+  return with_blas(device, stream, ws, ws_bytes, CUBLAS_DEFAULT_MATH, [&](cublasHandle_t h) {
+    const float one = 1.f, zero = 0.f;
+    // Column-major view: kvᵀ (N x M) = W (N x 512, stored as 512 x N: op T) · latentᵀ (512 x M, ld 576).
+    return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, 512, &one, w, CUDA_R_16BF, static_cast<int>(ldw), latent,
+                        CUDA_R_16BF, mha::kRowElems, &zero, out, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  });
 }
 
 // Opting in to more than 48 KiB of shared memory, once per kernel (one instantiation of this
