@@ -209,6 +209,7 @@ struct RunOpts {
   std::function<void(StepParams&)> tweak;  // edits the params before the call
   const std::vector<int64_t>* slot_mapping = nullptr;
   bool positions64 = false;  // positions given as i64
+  bool core_plan = false;  // plan with PlannerConfig::core_mode
 };
 
 Result run_step(World& w, const RunOpts& o) {
@@ -220,6 +221,7 @@ Result run_step(World& w, const RunOpts& o) {
   } else {
     PlannerConfig c = config_for(w, o.budget);
     if (o.device_lengths) c.max_next_n = w.q_lens.empty() ? 1 : w.q_lens[0];
+    c.core_mode = o.core_plan;
     ps = make_plan(c, &r.plan);
   }
   if (!ps.ok()) {
@@ -1514,4 +1516,207 @@ TEST(LayerStep, RandomizedPlannerAndStepHoldTheirPromises) {
     ++done;
   }
   EXPECT_GE(done, 6);
+}
+
+// ---- core mode (SPEC §6): q_nope / q_pe / kv_b_proj in, [T, H, v] out ----
+namespace {
+
+struct CoreInputs {
+  std::vector<float> q_nope, q_pe;  // [T, H, 128], [T, H, 64]
+  std::vector<uint16_t> w;          // kv_b_proj [H * (128 + 128), 512] bf16
+  std::vector<float> out;           // [T, H, 128]
+  CoreInputs(const World& wd, uint64_t seed) {
+    dsa_test::Rng rng(seed);
+    q_nope = dsa_test::random_floats(rng, static_cast<size_t>(wd.T * kH * 128), 0.5f);
+    q_pe = dsa_test::random_floats(rng, static_cast<size_t>(wd.T * kH * 64), 0.5f);
+    w = dsa_test::to_bf16(dsa_test::random_floats(rng, static_cast<size_t>(kH * 256 * 512), 0.06f));
+    out.assign(static_cast<size_t>(wd.T * kH * 128), std::numeric_limits<float>::quiet_NaN());
+  }
+  // StepParams edits that turn a latent-mode step into a core-mode one.
+  std::function<void(StepParams&)> apply(const World& wd, DenseForm form) {
+    return [this, &wd, form](StepParams& p) {
+      p.q = TensorDesc{};
+      p.q_nope = t_f32(q_nope.data(), {wd.T, kH, 128});
+      p.q_pe = t_f32(q_pe.data(), {wd.T, kH, 64});
+      p.kv_b_proj = dsa_test::t_bf16(w.data(), {kH * 256, 512});
+      p.out = t_f32(out.data(), {wd.T, kH, 128});
+      p.dense_form = form;
+    };
+  }
+};
+
+// The latent-mode reference of a core-mode step: q absorbed on the host side of the step,
+// a latent step, then W_UV applied to its output.
+std::vector<float> latent_step_with_host_projections(World& w, CoreInputs& ci, Result* latent) {
+  std::vector<float> q_abs(static_cast<size_t>(w.T * kH * 576));
+  MlaAbsorbQParams a;
+  a.q_nope = t_f32(ci.q_nope.data(), {w.T, kH, 128});
+  a.q_pe = t_f32(ci.q_pe.data(), {w.T, kH, 64});
+  a.kv_b_proj = dsa_test::t_bf16(ci.w.data(), {kH * 256, 512});
+  a.v_dim = 128;
+  a.q_out = t_f32(q_abs.data(), {w.T, kH, 576});
+  EXPECT_TRUE(mla_absorb_q(a).ok());
+  const std::vector<float> q_keep = w.q;
+  w.q = q_abs;
+  RunOpts o;
+  o.core_plan = true;  // the same plan (score region) as the core-mode steps
+  *latent = run_step(w, o);
+  w.q = q_keep;
+  std::vector<float> out(static_cast<size_t>(w.T * kH * 128));
+  MlaUpProjectParams u;
+  u.latent = t_f32(latent->out.data(), {w.T, kH, 512});
+  u.kv_b_proj = a.kv_b_proj;
+  u.qk_nope = 128;
+  u.out = t_f32(out.data(), {w.T, kH, 128});
+  EXPECT_TRUE(mla_up_project(u).ok());
+  return out;
+}
+
+}  // namespace
+
+TEST(LayerStepCoreMode, AbsorbedFormEqualsLatentStepWithHostProjectionsBitForBit) {
+  World w(tiny_geometry(), mixed_batch(), 16, 901);
+  CoreInputs ci(w, 902);
+  Result latent;
+  const std::vector<float> ref = latent_step_with_host_projections(w, ci, &latent);
+  ASSERT_TRUE(latent.status.ok()) << latent.status.to_string();
+  for (int split = 0; split < 2; ++split) {
+    RunOpts o;
+    o.core_plan = true;
+    o.split = split;
+    o.tweak = ci.apply(w, DenseForm::kAbsorbed);
+    Result core = run_step(w, o);
+    ASSERT_TRUE(core.status.ok()) << core.status.to_string();
+    EXPECT_TRUE(same_bits(ci.out, ref)) << "split " << split << ": out differs from latent step + W_UV";
+    EXPECT_TRUE(same_bits(core.lse, latent.lse)) << "split " << split;
+    EXPECT_EQ(core.indices, latent.indices);
+    EXPECT_EQ(core.mla, latent.mla);
+    EXPECT_EQ(core.idx, latent.idx);
+    EXPECT_EQ(core.report.mha_seqs, 0);
+    EXPECT_TRUE(core.workspace_intact);
+    EXPECT_LE(core.report.workspace_high_water_bytes, core.plan.workspace_bytes);
+  }
+}
+
+TEST(LayerStepCoreMode, MhaFormForShortPromptsSameFunctionAsAbsorbed) {
+  World w(tiny_geometry(), mixed_batch(), 16, 903);
+  CoreInputs ci(w, 904);
+  Result latent;
+  const std::vector<float> ref = latent_step_with_host_projections(w, ci, &latent);
+  RunOpts o;
+  o.core_plan = true;
+  o.tweak = ci.apply(w, DenseForm::kAuto);
+  Result core = run_step(w, o);
+  ASSERT_TRUE(core.status.ok()) << core.status.to_string();
+  // The cost model: the fresh 20-token prompt goes MHA; {4, 64} (decode-like over a prefix)
+  // stays absorbed; {0, 90} and the sparse sequences are absorbed by route.
+  EXPECT_EQ(core.report.mha_seqs, 1);
+  EXPECT_EQ(core.report.mha_rows, 20);
+  EXPECT_TRUE(prefer_mha_form(20, 20, kH, 128, 128));
+  EXPECT_FALSE(prefer_mha_form(4, 64, kH, 128, 128));
+  EXPECT_EQ(core.indices, latent.indices);  // identity indices on the MHA run too
+  EXPECT_EQ(core.mla, latent.mla);
+  // Rows [150, 170) are the MHA sequence: the same function up to the bf16 rounding of the
+  // decompressed K/V (docs/mha.md): within 4 bf16 steps plus 2^-6 of the row's largest |out|.
+  // Every other row went the absorbed way: bit for bit.
+  for (int64_t t = 0; t < w.T; ++t)
+    for (int64_t h = 0; h < kH; ++h) {
+      const size_t o0 = static_cast<size_t>((t * kH + h) * 128);
+      const bool mha_row = t >= 150 && t < 170;
+      double scale = 0;
+      for (int d = 0; d < 128; ++d) scale = std::max(scale, std::fabs(static_cast<double>(ref[o0 + d])));
+      for (int d = 0; d < 128; ++d) {
+        const float got = ci.out[o0 + d], want = ref[o0 + d];
+        if (!mha_row) {
+          ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "absorbed row " << t << " head " << h << " dim " << d;
+        } else {
+          const double tol = 4 * std::ldexp(std::max(std::fabs(static_cast<double>(want)), 1e-30), -8) +
+                             std::ldexp(scale, -6);
+          ASSERT_LE(std::fabs(static_cast<double>(got) - want), tol) << "MHA row " << t << " head " << h << " dim " << d;
+        }
+      }
+      const float lg = core.lse[static_cast<size_t>(t * kH + h)], lw = latent.lse[static_cast<size_t>(t * kH + h)];
+      if (!mha_row) EXPECT_EQ(std::memcmp(&lg, &lw, 4), 0);
+      else EXPECT_NEAR(lg, lw, 2e-2) << "MHA row " << t << " head " << h;
+    }
+  // Forced MHA: {4, 64} too; forced absorbed: none.
+  RunOpts m = o;
+  m.tweak = ci.apply(w, DenseForm::kMha);
+  Result forced = run_step(w, m);
+  ASSERT_TRUE(forced.status.ok()) << forced.status.to_string();
+  EXPECT_EQ(forced.report.mha_seqs, 2);
+  EXPECT_EQ(forced.report.mha_rows, 24);
+}
+
+TEST(LayerStepCoreMode, SmallBudgetSendsLongDenseContextsAbsorbedAndStaysInThePlan) {
+  // Many short prompts: the MHA K/V of all of them would not fit a small score region.
+  std::vector<Seq> seqs;
+  for (int i = 0; i < 12; ++i) seqs.push_back({48 + i, 48 + i});
+  seqs.push_back({100, 100});  // sparse
+  World w(tiny_geometry(), seqs, 16, 905);
+  CoreInputs ci(w, 906);
+  PlannerConfig c = config_for(w, 0);
+  c.core_mode = true;
+  // A budget between one 40-token and one 64-token MHA context (the CPU's fixed f32 weight
+  // included): prompts of 48+ tokens go absorbed.
+  const int64_t need40 = mha_prefill_workspace_bytes(cpu_device(), kH, 128, 128, 40);
+  const int64_t need64 = mha_prefill_workspace_bytes(cpu_device(), kH, 128, 128, 64);
+  c.score_budget_bytes = (need40 + need64) / 2;
+  Plan plan;
+  ASSERT_TRUE(make_plan(c, &plan).ok());
+  EXPECT_GT(plan.mha_max_context, 40);
+  EXPECT_LT(plan.mha_max_context, 64);
+  EXPECT_LE(mha_prefill_workspace_bytes(cpu_device(), kH, 128, 128, plan.mha_max_context), plan.score_region_bytes);
+  EXPECT_GT(mha_prefill_workspace_bytes(cpu_device(), kH, 128, 128, plan.mha_max_context + 1), plan.score_region_bytes);
+  int64_t fit = 0;  // prompts whose K/V fit the region: MHA; the longer ones absorbed
+  for (int i = 0; i < 12; ++i) fit += 48 + i <= plan.mha_max_context;
+  ASSERT_GT(fit, 0);
+  ASSERT_LT(fit, 12);
+  EXPECT_GT(plan.core_bytes, 0);
+  Attention attn(plan);
+  RunOpts o;
+  o.attn = &attn;
+  o.tweak = ci.apply(w, DenseForm::kAuto);
+  Result r = run_step(w, o);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.report.mha_seqs, fit);
+  EXPECT_LE(r.report.workspace_high_water_bytes, plan.workspace_bytes);
+  // A roomy budget: every short prompt MHA, in sequence groups within the region.
+  c.score_budget_bytes = need64 * 3;
+  ASSERT_TRUE(make_plan(c, &plan).ok());
+  EXPECT_EQ(plan.mha_max_context, 64);
+  Attention attn2(plan);
+  o.attn = &attn2;
+  Result g = run_step(w, o);
+  ASSERT_TRUE(g.status.ok()) << g.status.to_string();
+  EXPECT_EQ(g.report.mha_seqs, 12);
+  EXPECT_LE(g.report.workspace_high_water_bytes, plan.workspace_bytes);
+  EXPECT_LE(g.report.score_high_water_bytes, plan.score_region_bytes);
+}
+
+TEST(LayerStepCoreMode, BadCoreInputsGetClearErrors) {
+  World w(tiny_geometry(), mixed_batch(), 16, 907);
+  CoreInputs ci(w, 908);
+  auto expect = [&](bool core_plan, std::function<void(StepParams&)> edit, const std::string& needle) {
+    RunOpts o;
+    o.core_plan = core_plan;
+    auto base = ci.apply(w, DenseForm::kAuto);
+    o.tweak = [&](StepParams& p) {
+      base(p);
+      edit(p);
+    };
+    Result r = run_step(w, o);
+    EXPECT_FALSE(r.status.ok()) << needle;
+    EXPECT_NE(r.status.message().find(needle), std::string::npos) << r.status.message();
+    EXPECT_EQ(r.status.message().rfind("attention_step: ", 0), 0u) << r.status.message();
+    EXPECT_EQ(r.mla, w.mla0) << needle << ": a refused step wrote the MLA cache";
+  };
+  expect(false, [](StepParams&) {}, "core_mode = true");
+  expect(true, [&](StepParams& p) { p.q = t_f32(w.q.data(), {w.T, kH, 576}); }, "q: expected none in core mode");
+  std::vector<float> wf(static_cast<size_t>(kH * 256 * 512));
+  expect(true, [&](StepParams& p) { p.kv_b_proj = t_f32(wf.data(), {kH * 256, 512}); }, "kv_b_proj: expected dtype bf16, got f32");
+  expect(true, [&](StepParams& p) { p.kv_b_proj = dsa_test::t_bf16(ci.w.data(), {kH * 128, 512}); }, "kv_b_proj: expected shape");
+  expect(true, [&](StepParams& p) { p.kv_b_proj = TensorDesc{}; }, "kv_b_proj: is required in core mode");
+  expect(true, [&](StepParams& p) { p.out = t_f32(ci.out.data(), {w.T, kH, 64}); }, "out");
+  expect(true, [&](StepParams& p) { p.q_pe = TensorDesc{}; }, "q_pe");
 }
