@@ -53,13 +53,15 @@ class Planner:
     device: 'cpu', 'cuda' or 'cuda:N'. Memory: the KV cache gets kv_cache_fraction (default 0.9) of
     device_memory_bytes less the workspace; memory_is_exact=True gives it all of that (device_memory_bytes
     is exactly DSA's share). plan.as_dict()["geometry"] has every geometry field, overrides included.
+    core_mode=True reserves what steps in core mode need (Attention.step's q_nope / q_pe / kv_b_proj).
     plan() raises ValueError for limits the score budget cannot
     serve, naming the smallest budget that works.
     """
 
     def __init__(self, geometry="deepseek-v3.2", *, cache_dtype="bf16", page_size=64, max_tokens_per_step=8192,
                  max_seqs_per_step=256, max_context=0, max_next_n=1, score_budget_bytes=512 << 20,
-                 device_memory_bytes=0, kv_cache_fraction=0.9, memory_is_exact=False, device="cpu"):
+                 device_memory_bytes=0, kv_cache_fraction=0.9, memory_is_exact=False, device="cpu",
+                 core_mode=False):
         self.geometry = geometry
         self.config = dict(cache_dtype=cache_dtype, page_size=int(page_size),
                            max_tokens_per_step=int(max_tokens_per_step), max_seqs_per_step=int(max_seqs_per_step),
@@ -67,7 +69,7 @@ class Planner:
                            score_budget_bytes=_bytes("score_budget_bytes", score_budget_bytes),
                            device_memory_bytes=_bytes("device_memory_bytes", device_memory_bytes),
                            kv_cache_fraction=float(kv_cache_fraction), memory_is_exact=bool(memory_is_exact),
-                           device=str(device))
+                           core_mode=bool(core_mode), device=str(device))
 
     def plan(self):
         return Plan(_dsa.make_plan(self.geometry, dict(self.config)))
@@ -112,7 +114,8 @@ class Attention:
              index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
              attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
              lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None, next_n=None,
-             slot_mapping=None):
+             slot_mapping=None, q_nope=None, q_pe=None, kv_b_proj=None,
+             dense_form="auto"):
         """One step of the layer (SPEC 6): writes the new tokens into mla_cache (and index_cache),
         routes each sequence (dense when kv_len <= topk and nothing consumes its indices, else
         scored sparse; 'shared' layers reuse indices_in), and attends.
@@ -139,11 +142,18 @@ class Attention:
         slot_mapping, SGLang out_cache_loc), equal to its block-table slot, or -1 for a padded token:
         written nowhere, its rows out = 0, lse = +inf, indices_out = -1; a sequence is padded whole
         or not at all (pad with sequences of their own).
+
+        Core mode (a plan made with core_mode=True; SPEC 6): pass q=None and the un-absorbed query
+        q_nope [T, H, qk_nope], q_pe [T, H, 64] with the layer's kv_b_proj [H * (qk_nope + v), 512]
+        bf16 (HF kv_b_proj.weight); out is then [T, H, v], the input of o_proj. Sparse and decode
+        rows are absorbed with W_UK and up-projected with W_UV inside the step; dense rows take
+        the MHA form where the cost model prefers it (dense_form "auto"; "mha" or "absorbed"
+        force it). report["mha_seqs"] / ["mha_rows"] say how many went MHA.
         """
         return self._layer("step", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
                            index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,
                            indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n,
-                           slot_mapping)
+                           slot_mapping, q_nope, q_pe, kv_b_proj, dense_form)
 
     def prepare(self, q_lens, kv_lens, block_table, *, positions=None, workspace=None, stream=None,
                 time_stages=False, cu_seqlens=None, next_n=None):
@@ -167,14 +177,15 @@ class Attention:
             index_k=None, index_w=None, cos_sin=None, index_cache=None, positions=None, hadamard=False,
             attn_sink=None, sm_scale=0.0, indices_in=None, indices_out=None, force_score=False, out=None,
             lse=None, workspace=None, stream=None, time_stages=False, cu_seqlens=None, next_n=None,
-            slot_mapping=None):
+            slot_mapping=None, q_nope=None, q_pe=None, kv_b_proj=None,
+            dense_form="auto"):
         """Run per layer: one layer over the batch prepare() prepared, with step()'s arguments; the
         batch arguments (q_lens, kv_lens, block_table, positions, workspace) must be prepare's.
         Returns (out, lse, report); report["host_us"] is the layer's host cost."""
         return self._layer("run", q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k,
                            index_w, cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in,
                            indices_out, force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n,
-                           slot_mapping)
+                           slot_mapping, q_nope, q_pe, kv_b_proj, dense_form)
 
     def _workspace_for(self, ctx, workspace):
         if workspace is None and self.plan.workspace_bytes > 0:
@@ -187,11 +198,20 @@ class Attention:
 
     def _layer(self, op, q, kv_c, k_pe, q_lens, kv_lens, block_table, mla_cache, role, index_q, index_k, index_w,
                cos_sin, index_cache, positions, hadamard, attn_sink, sm_scale, indices_in, indices_out,
-               force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n=None, slot_mapping=None):
-        T, H, _ = _shape(_STEP, "q", q, 3, "[T, H, 576]")
-        ctx = Context(_STEP, q, "q", stream)
+               force_score, out, lse, workspace, stream, time_stages, cu_seqlens, next_n=None, slot_mapping=None,
+               q_nope=None, q_pe=None, kv_b_proj=None, dense_form="auto"):
+        core = q is None and (q_nope is not None or q_pe is not None or kv_b_proj is not None)
+        if core:  # core mode: [T, H, v] out, v from kv_b_proj's rows per head
+            T, H, nope = _shape(_STEP, "q_nope", q_nope, 3, "[T, H, qk_nope]")
+            rows_w, _ = _shape(_STEP, "kv_b_proj", kv_b_proj, 2, "[H * (qk_nope + v), 512]")
+            ctx = Context(_STEP, q_nope, "q_nope", stream)
+            width, lead = rows_w // max(H, 1) - nope, q_nope
+        else:
+            T, H, _ = _shape(_STEP, "q", q, 3, "[T, H, 576]")
+            ctx = Context(_STEP, q, "q", stream)
+            width, lead = 512, q
         if out is None:
-            out = ctx.empty((T, H, 512), "f32" if dtype_name(q) == "float32" else "bf16", rep=q)
+            out = ctx.empty((T, H, width), "f32" if dtype_name(lead) == "float32" else "bf16", rep=lead)
         if lse is None:
             lse = ctx.empty((T, H), "f32")
         workspace = self._workspace_for(ctx, workspace)
@@ -203,7 +223,8 @@ class Attention:
                     index_cache=p(index_cache), indices_in=p(indices_in), indices_out=p(indices_out),
                     force_score=bool(force_score), out=p(out), lse=p(lse), workspace=p(workspace),
                     time_stages=bool(time_stages), next_n=_next_n(next_n, q_lens, cu_seqlens),
-                    slot_mapping=p(slot_mapping))
+                    slot_mapping=p(slot_mapping), q_nope=p(q_nope), q_pe=p(q_pe), kv_b_proj=p(kv_b_proj),
+                    dense_form=str(dense_form))
         with ctx.device_guard():
             report = self._impl.step(args, ctx.stream, op)
         return out, lse, report

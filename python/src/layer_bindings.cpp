@@ -154,6 +154,7 @@ py::dict plan_dict(const dsa::Plan& p) {
   cfg["device_memory_bytes"] = c.device_memory_bytes;
   cfg["kv_cache_fraction"] = c.kv_cache_fraction;
   cfg["memory_is_exact"] = c.memory_is_exact;
+  cfg["core_mode"] = c.core_mode;
   {
     // The geometry the plan was made for, every field (preset values and overrides alike).
     const dsa::ModelGeometry& g = c.geometry;
@@ -186,6 +187,8 @@ py::dict plan_dict(const dsa::Plan& p) {
   DSA_PY_FIELD(score_region_bytes);
   DSA_PY_FIELD(min_score_budget_bytes);
   DSA_PY_FIELD(attention_scratch_bytes);
+  DSA_PY_FIELD(core_bytes);
+  DSA_PY_FIELD(mha_max_context);
   DSA_PY_FIELD(tile_width);
   DSA_PY_FIELD(max_tiles);
   DSA_PY_FIELD(mla_layers);
@@ -228,7 +231,10 @@ py::dict report_dict(const dsa::StepReport& r) {
   DSA_PY_FIELD(ms_map);
   DSA_PY_FIELD(ms_sparse);
   DSA_PY_FIELD(ms_dense);
+  DSA_PY_FIELD(ms_project);
   DSA_PY_FIELD(ms_total);
+  DSA_PY_FIELD(mha_seqs);
+  DSA_PY_FIELD(mha_rows);
   DSA_PY_FIELD(host_us);
   // GPU ms per stage (the step's time_stages on CUDA); gpu_timed says whether they were measured.
   DSA_PY_FIELD(gpu_timed);
@@ -239,6 +245,7 @@ py::dict report_dict(const dsa::StepReport& r) {
   DSA_PY_FIELD(gpu_ms_map);
   DSA_PY_FIELD(gpu_ms_sparse);
   DSA_PY_FIELD(gpu_ms_dense);
+  DSA_PY_FIELD(gpu_ms_project);
   DSA_PY_FIELD(gpu_ms_total);
 #undef DSA_PY_FIELD
   return d;
@@ -287,6 +294,7 @@ void bind_layer(py::module_& m) {
     cfg.device_memory_bytes = get<int64_t>(c, "device_memory_bytes", cfg.device_memory_bytes);
     cfg.kv_cache_fraction = get<double>(c, "kv_cache_fraction", cfg.kv_cache_fraction);
     cfg.memory_is_exact = get<bool>(c, "memory_is_exact", cfg.memory_is_exact);
+    cfg.core_mode = get<bool>(c, "core_mode", cfg.core_mode);
     cfg.device = device_from(get<std::string>(c, "device", "cpu"));
     dsa::Plan plan;
     check(dsa::make_plan(cfg, &plan));
@@ -327,6 +335,17 @@ void bind_layer(py::module_& m) {
         p.kv_c = im.tensor(item(a, "kv_c"), "kv_c", Reinterpret::kBF16);
         p.k_pe = im.tensor(item(a, "k_pe"), "k_pe", Reinterpret::kBF16);
         p.q = im.tensor(item(a, "q"), "q", Reinterpret::kBF16);
+        // Core mode (dsa/layer.h): the un-absorbed query and the layer's kv_b_proj instead of q.
+        p.q_nope = im.tensor(item(a, "q_nope"), "q_nope", Reinterpret::kBF16);
+        p.q_pe = im.tensor(item(a, "q_pe"), "q_pe", Reinterpret::kBF16);
+        p.kv_b_proj = im.tensor(item(a, "kv_b_proj"), "kv_b_proj", Reinterpret::kBF16);
+        {
+          const std::string form = get<std::string>(a, "dense_form", "auto", kStep);
+          if (form == "auto") p.dense_form = dsa::DenseForm::kAuto;
+          else if (form == "mha") p.dense_form = dsa::DenseForm::kMha;
+          else if (form == "absorbed") p.dense_form = dsa::DenseForm::kAbsorbed;
+          else throw py::value_error("attention_step: dense_form: expected 'auto', 'mha' or 'absorbed', got '" + form + "'");
+        }
         p.index_q = im.tensor(item(a, "index_q"), "index_q", Reinterpret::kBF16);
         p.index_k = im.tensor(item(a, "index_k"), "index_k", Reinterpret::kBF16);
         p.index_w = im.tensor(item(a, "index_w"), "index_w", Reinterpret::kBF16);

@@ -222,3 +222,41 @@ def test_slot_mapping_i64_positions_and_padded_tokens():
     flat, ref_flat, old_flat = m.reshape(-1, 1152), ref_mla.reshape(-1, 1152), mla.reshape(-1, 1152)
     np.testing.assert_array_equal(flat[slots[last]], old_flat[slots[last]])
     np.testing.assert_array_equal(flat[slots[real]], ref_flat[slots[real]])
+
+
+def test_core_mode_equals_latent_step_with_projections():
+    # Core mode: q_nope / q_pe / kv_b_proj in, [T, H, v] out (SPEC 6). Against the latent step fed
+    # q_abs = [W_UK^T q_nope | q_pe] and followed by W_UV, both projections in numpy.
+    q_lens, kv_lens, table, mla, idx_cache, cos_sin, new = _step_case(seed=61, q=(9, 2), kv=(9, 100))
+    r = rng(62)
+    T, H, nope, v = int(q_lens.sum()), 2, 128, 128
+    q_nope = (0.5 * r.standard_normal((T, H, nope))).astype(np.float32)
+    q_pe = (0.5 * r.standard_normal((T, H, 64))).astype(np.float32)
+    w32 = (0.06 * r.standard_normal((H * (nope + v), 512))).astype(np.float32)
+    w_bf16 = (w32.view(np.uint32) >> 16).astype(np.uint16)  # truncated to bf16
+    w = (w_bf16.astype(np.uint32) << 16).view(np.float32).reshape(H, nope + v, 512).astype(np.float64)
+    w_uk, w_uv = w[:, :nope, :], w[:, nope:, :]
+    q_abs = np.concatenate([np.einsum("thd,hdc->thc", q_nope.astype(np.float64), w_uk), q_pe], axis=2).astype(np.float32)
+    plan = dsa.plan(GEOM, page_size=16, max_tokens_per_step=64, max_seqs_per_step=4, max_context=112, core_mode=True)
+    assert plan.as_dict()["core_bytes"] > 0 and plan.as_dict()["config"]["core_mode"] is True
+    attn = dsa.Attention(plan)
+    common = dict(index_q=new["index_q"], index_k=new["index_k"], index_w=new["index_w"], cos_sin=cos_sin,
+                  sm_scale=0.1)
+    mla0, idx0 = mla.copy(), idx_cache.copy()
+    lat, lat_lse, _ = attn.step(q_abs, new["kv_c"], new["k_pe"], q_lens, kv_lens, table, mla, index_cache=idx_cache, **common)
+    ref = np.einsum("thc,hvc->thv", lat.astype(np.float64), w_uv)
+    for form, mha_seqs in (("absorbed", 0), ("auto", 1)):
+        m, ic = mla0.copy(), idx0.copy()
+        out, lse, rep = attn.step(None, new["kv_c"], new["k_pe"], q_lens, kv_lens, table, m, index_cache=ic,
+                                  q_nope=q_nope, q_pe=q_pe, kv_b_proj=w_bf16, dense_form=form, **common)
+        assert out.shape == (T, H, v) and out.dtype == np.float32
+        assert rep["mha_seqs"] == mha_seqs, form  # the fresh 9-token prompt goes MHA under "auto"
+        np.testing.assert_array_equal(m, mla)
+        scale = np.abs(ref).max(axis=2, keepdims=True)
+        # absorbed: f32 sums in another order than numpy's; MHA rows also round K/V to bf16.
+        tol = (1e-5 if form == "absorbed" else 2 ** -6) * scale + 1e-6
+        assert np.all(np.abs(out - ref) <= tol), form
+        np.testing.assert_allclose(lse, lat_lse, atol=1e-5 if form == "absorbed" else 2e-2)
+    with pytest.raises(ValueError, match="attention_step: dense_form"):
+        attn.step(None, new["kv_c"], new["k_pe"], q_lens, kv_lens, table, mla0.copy(), index_cache=idx0.copy(),
+                  q_nope=q_nope, q_pe=q_pe, kv_b_proj=w_bf16, dense_form="fast", **common)
