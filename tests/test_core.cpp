@@ -93,6 +93,30 @@ TEST(Core, ArgCheckNamesArgumentAndExpectation) {
   EXPECT_TRUE(dsa_test::fails_naming(missing.status(), {"lengths", "required"}));
 }
 
+// The expectation of a passing require is never built (every launch of a layer step runs these
+// checks); a failing one says the same as the std::string form; only the first failure counts.
+TEST(Core, ArgCheckBuildsMessagesOnlyOnFailure) {
+  int built = 0;
+  const auto what = [&] {
+    ++built;
+    return "expected >= 1, got " + std::to_string(0);
+  };
+  core::ArgCheck pass("op");
+  pass.require(true, "n", what).require(true, "n", "a literal expectation");
+  EXPECT_TRUE(pass.ok());
+  EXPECT_EQ(built, 0);
+
+  core::ArgCheck lazy("op"), eager("op"), literal("op");
+  lazy.require(false, "n", what).require(false, "m", what);
+  eager.require(false, "n", "expected >= 1, got " + std::to_string(0));
+  literal.require(false, "n", "expected >= 1, got 0");
+  EXPECT_EQ(built, 1);
+  EXPECT_EQ(lazy.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(lazy.status().message(), eager.status().message());
+  EXPECT_EQ(literal.status().message(), eager.status().message());
+  EXPECT_EQ(lazy.status().message(), "op: n: expected >= 1, got 0");
+}
+
 TEST(Core, DevicesMustAgreeAndBackendMustExist) {
   float a[4], b[4];
   TensorDesc x = make_tensor(a, DType::kF32, {4});

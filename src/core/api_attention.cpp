@@ -17,9 +17,9 @@ std::string num(int64_t v) { return std::to_string(v); }
 int64_t check_kv(core::ArgCheck& c, const MlaKv& kv, bool on_cuda) {
   const bool flat = kv.flat.present();
   const bool paged = kv.paged.data != nullptr || kv.paged.num_blocks != 0;
-  c.require(flat != paged, "kv",
-            std::string("expected exactly one of kv.flat and kv.paged, got ") +
-                (flat ? "both" : "neither"));
+  c.require(flat != paged, "kv", [&] {
+    return std::string("expected exactly one of kv.flat and kv.paged, got ") + (flat ? "both" : "neither");
+  });
   if (!c.ok()) return 0;
   if (flat) {
     c.tensor(kv.flat, "kv.flat", {DType::kBF16, DType::kF32}, {"S", {kQkDim, "576"}});
@@ -40,7 +40,7 @@ void check_common(core::ArgCheck& c, const TensorDesc& q, const TensorDesc& sink
   c.output(out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {kVDim, "512"}});
   c.output(lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
   c.require(std::isfinite(sm_scale) && sm_scale > 0.f, "sm_scale",
-            "expected a finite value > 0, got " + std::to_string(sm_scale));
+            [&] { return "expected a finite value > 0, got " + std::to_string(sm_scale); });
 }
 
 // out and lse must not share memory with any input.
@@ -84,8 +84,9 @@ Status validate_sparse(const SparseMlaParams& p, Device* dev, bool aliasing) {
     const int64_t K = p.indices.shape[1];
     for (int64_t t = 0; t < T && c.ok(); ++t) {
       const int64_t len = p.topk_length.ptr<int32_t>()[t * p.topk_length.stride[0]];
-      c.require(len >= 0 && len <= K, "topk_length",
-                "expected values in [0, K = " + num(K) + "], got topk_length[" + num(t) + "] = " + num(len));
+      c.require(len >= 0 && len <= K, "topk_length", [&] {
+        return "expected values in [0, K = " + num(K) + "], got topk_length[" + num(t) + "] = " + num(len);
+      });
     }
   }
   return c.status();
@@ -128,25 +129,29 @@ Status validate_dense(const DenseMlaParams& p, Device* dev, bool aliasing) {
 
   // Contents that would send the kernel out of bounds (host memory only).
   auto at = [](const TensorDesc& t, int64_t i) -> int64_t { return t.ptr<int32_t>()[i * t.stride[0]]; };
+  // Every message below is built only when its check fails (these loops visit every
+  // sequence and page of the batch).
   c.require(at(p.cu_seqlens_q, 0) == 0, "cu_seqlens_q",
-            "expected cu_seqlens_q[0] = 0, got " + num(at(p.cu_seqlens_q, 0)));
+            [&] { return "expected cu_seqlens_q[0] = 0, got " + num(at(p.cu_seqlens_q, 0)); });
   for (int64_t b = 0; b < B && c.ok(); ++b) {
-    c.require(at(p.cu_seqlens_q, b + 1) >= at(p.cu_seqlens_q, b), "cu_seqlens_q",
-              "expected non-decreasing values, got cu_seqlens_q[" + num(b + 1) + "] = " +
-                  num(at(p.cu_seqlens_q, b + 1)) + " < cu_seqlens_q[" + num(b) + "] = " + num(at(p.cu_seqlens_q, b)));
+    c.require(at(p.cu_seqlens_q, b + 1) >= at(p.cu_seqlens_q, b), "cu_seqlens_q", [&] {
+      return "expected non-decreasing values, got cu_seqlens_q[" + num(b + 1) + "] = " + num(at(p.cu_seqlens_q, b + 1)) +
+             " < cu_seqlens_q[" + num(b) + "] = " + num(at(p.cu_seqlens_q, b));
+    });
   }
   c.require(!c.ok() || at(p.cu_seqlens_q, B) == T, "cu_seqlens_q",
-            "expected cu_seqlens_q[B] = T = " + num(T) + ", got " + num(at(p.cu_seqlens_q, B)));
+            [&] { return "expected cu_seqlens_q[B] = T = " + num(T) + ", got " + num(at(p.cu_seqlens_q, B)); });
   if (!paged) {
     c.require(at(p.cu_seqlens_k, 0) >= 0, "cu_seqlens_k",
-              "expected cu_seqlens_k[0] >= 0, got " + num(at(p.cu_seqlens_k, 0)));
+              [&] { return "expected cu_seqlens_k[0] >= 0, got " + num(at(p.cu_seqlens_k, 0)); });
     for (int64_t b = 0; b < B && c.ok(); ++b) {
-      c.require(at(p.cu_seqlens_k, b + 1) >= at(p.cu_seqlens_k, b), "cu_seqlens_k",
-                "expected non-decreasing values, got cu_seqlens_k[" + num(b + 1) + "] = " +
-                    num(at(p.cu_seqlens_k, b + 1)) + " < cu_seqlens_k[" + num(b) + "] = " + num(at(p.cu_seqlens_k, b)));
+      c.require(at(p.cu_seqlens_k, b + 1) >= at(p.cu_seqlens_k, b), "cu_seqlens_k", [&] {
+        return "expected non-decreasing values, got cu_seqlens_k[" + num(b + 1) + "] = " +
+               num(at(p.cu_seqlens_k, b + 1)) + " < cu_seqlens_k[" + num(b) + "] = " + num(at(p.cu_seqlens_k, b));
+      });
     }
     c.require(!c.ok() || at(p.cu_seqlens_k, B) <= num_keys, "cu_seqlens_k",
-              "expected cu_seqlens_k[B] <= S = " + num(num_keys) + ", got " + num(at(p.cu_seqlens_k, B)));
+              [&] { return "expected cu_seqlens_k[B] <= S = " + num(num_keys) + ", got " + num(at(p.cu_seqlens_k, B)); });
   }
   const int64_t page = paged ? p.kv.paged.page_size : 1;
   const int64_t max_blocks = paged ? p.block_table.shape[1] : 0;
@@ -158,22 +163,24 @@ Status validate_dense(const DenseMlaParams& p, Device* dev, bool aliasing) {
     } else {
       kv_len = at(p.kv_lens, b);
       const int64_t cap = core::saturating_mul(max_blocks, page);
-      c.require(kv_len >= 0 && kv_len <= cap, "kv_lens",
-                "expected values in [0, max_blocks * page_size = " + num(cap) + "], got kv_lens[" +
-                    num(b) + "] = " + num(kv_len));
+      c.require(kv_len >= 0 && kv_len <= cap, "kv_lens", [&] {
+        return "expected values in [0, max_blocks * page_size = " + num(cap) + "], got kv_lens[" + num(b) + "] = " +
+               num(kv_len);
+      });
       const int32_t* row = p.block_table.ptr<int32_t>() + b * p.block_table.stride[0];
       const int64_t used = (kv_len + page - 1) / page;
       for (int64_t j = 0; j < used && c.ok(); ++j) {
         const int64_t blk = row[j * p.block_table.stride[1]];
-        c.require(blk >= 0 && blk < p.kv.paged.num_blocks, "block_table",
-                  "expected entries in [0, num_blocks = " + num(p.kv.paged.num_blocks) + ") for the " +
-                      num(used) + " pages that kv_lens[" + num(b) + "] uses, got block_table[" + num(b) + "][" +
-                      num(j) + "] = " + num(blk));
+        c.require(blk >= 0 && blk < p.kv.paged.num_blocks, "block_table", [&] {
+          return "expected entries in [0, num_blocks = " + num(p.kv.paged.num_blocks) + ") for the " + num(used) +
+                 " pages that kv_lens[" + num(b) + "] uses, got block_table[" + num(b) + "][" + num(j) + "] = " + num(blk);
+        });
       }
     }
-    c.require(!c.ok() || q_len <= kv_len, paged ? "kv_lens" : "cu_seqlens_k",
-              "expected q_len <= kv_len for every sequence, got q_len = " + num(q_len) + " > kv_len = " +
-                  num(kv_len) + " for sequence " + num(b));
+    c.require(!c.ok() || q_len <= kv_len, paged ? "kv_lens" : "cu_seqlens_k", [&] {
+      return "expected q_len <= kv_len for every sequence, got q_len = " + num(q_len) + " > kv_len = " + num(kv_len) +
+             " for sequence " + num(b);
+    });
   }
   return c.status();
 }

@@ -41,7 +41,7 @@ Status indexer_logits(const IndexerLogitsParams& p) {
   c.tensor(p.ke, "ke", {DType::kI32}, {{M, "M"}}, false);
   c.output(p.logits, "logits", {DType::kF32, DType::kBF16}, {{M, "M"}, "W"});
   c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
-            "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
+            [&] { return "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset); });
   c.disjoint(p.logits, "logits", p.q, "q").disjoint(p.logits, "logits", p.weights, "weights");
   c.disjoint(p.logits, "logits", p.k, "k").disjoint(p.logits, "logits", p.k_scale, "k_scale");
   c.disjoint(p.logits, "logits", p.ks, "ks").disjoint(p.logits, "logits", p.ke, "ke");
@@ -84,15 +84,17 @@ Status indexer_logits_paged(const IndexerLogitsPagedParams& p) {
     c.optional(p.kv_lens, "kv_lens", {DType::kI32}, {{B, "B"}}, false);
   } else {
     c.tensor(p.kv_lens, "kv_lens", {DType::kI32}, {{B, "B"}}, false);
-    c.require(p.next_n >= 1, "next_n", "expected >= 1, got " + std::to_string(p.next_n));
-    c.require(!c.ok() || R == B * p.next_n, "q",
-              "expected R == B * next_n = " + std::to_string(B) + " * " + std::to_string(p.next_n) +
-                  " rows (decode form), got R = " + std::to_string(R));
+    c.require(p.next_n >= 1, "next_n", [&] { return "expected >= 1, got " + std::to_string(p.next_n); });
+    c.require(!c.ok() || R == B * p.next_n, "q", [&] {
+      return "expected R == B * next_n = " + std::to_string(B) + " * " + std::to_string(p.next_n) +
+             " rows (decode form), got R = " + std::to_string(R);
+    });
   }
   c.output(p.logits, "logits", {DType::kF32, DType::kBF16}, {{R, "R"}, "W"});
   c.require(p.col_offset >= 0 && p.col_offset <= kMaxKeyIndex, "col_offset",
-            "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset));
-  c.require(p.skip_rows_up_to >= 0, "skip_rows_up_to", "expected >= 0, got " + std::to_string(p.skip_rows_up_to));
+            [&] { return "expected in [0, 2^31 - 1], got " + std::to_string(p.col_offset); });
+  c.require(p.skip_rows_up_to >= 0, "skip_rows_up_to",
+            [&] { return "expected >= 0, got " + std::to_string(p.skip_rows_up_to); });
   c.disjoint(p.logits, "logits", p.q, "q").disjoint(p.logits, "logits", p.weights, "weights");
   c.disjoint(p.logits, "logits", core::cache_bytes(p.cache), "cache");
   c.disjoint(p.logits, "logits", p.block_table, "block_table").disjoint(p.logits, "logits", p.kv_lens, "kv_lens");

@@ -33,13 +33,13 @@ bool rope_style_ok(RopeStyle r) { return r == RopeStyle::kHalfSplit || r == Rope
 Status quantize_fp8(const QuantizeFp8Params& p) {
   const char* op = "quantize_fp8";
   core::ArgCheck c(op);
-  c.require(p.group > 0, "group", "expected group > 0, got " + std::to_string(p.group));
+  c.require(p.group > 0, "group", [&] { return "expected group > 0, got " + std::to_string(p.group); });
   c.tensor(p.x, "x", {DType::kF32, DType::kBF16}, {"R", "D"});
   if (!c.ok()) return c.status();
   const int64_t R = p.x.shape[0], D = p.x.shape[1];
-  c.require(D % p.group == 0, "x",
-            "expected the last dim D = " + std::to_string(D) + " to be a multiple of group = " +
-                std::to_string(p.group));
+  c.require(D % p.group == 0, "x", [&] {
+    return "expected the last dim D = " + std::to_string(D) + " to be a multiple of group = " + std::to_string(p.group);
+  });
   c.output(p.out, "out", {DType::kE4M3}, {{R, "R"}, {D, "D"}});
   c.output(p.scale, "scale", {DType::kF32}, {{R, "R"}, {D / p.group, "D / group"}});
   c.disjoint(p.out, "out", p.x, "x").disjoint(p.scale, "scale", p.x, "x").disjoint(p.scale, "scale", p.out, "out");
@@ -56,7 +56,7 @@ Status prepare_indexer_q(const PrepareIndexerQParams& p) {
   c.tensor(p.q, "q", {DType::kF32, DType::kBF16}, {"T", "H_idx", {kIndexHeadDim, "128"}});
   if (!c.ok()) return c.status();
   const int64_t T = p.q.shape[0], H = p.q.shape[1];
-  c.require(H > 0, "q", "expected H_idx > 0 heads, got shape " + core::shape_string(p.q));
+  c.require(H > 0, "q", [&] { return "expected H_idx > 0 heads, got shape " + core::shape_string(p.q); });
   c.tensor(p.weights, "weights", {DType::kF32, DType::kBF16}, {{T, "T"}, {H, "H_idx"}}, false);
   c.tensor(p.positions, "positions", {DType::kI32, DType::kI64}, {{T, "T"}}, false);
   c.tensor(p.cos_sin, "cos_sin", {DType::kF32}, {"max_positions", {kIndexRopeDim, "64"}});

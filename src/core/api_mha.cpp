@@ -46,26 +46,29 @@ Status validate(const DenseMhaPrefillParams& p, Shape* s) {
   c.tensor(p.q_nope, "q_nope", {DType::kBF16, DType::kF32}, {"T", "H", "qk_nope"});
   if (!c.ok()) return c.status();
   const int64_t T = p.q_nope.shape[0], H = p.q_nope.shape[1], nope = p.q_nope.shape[2];
-  c.require(H > 0, "q_nope", "expected H > 0 heads, got shape " + core::shape_string(p.q_nope));
+  // Messages are built only when a check fails (lambdas): a passing call allocates nothing.
+  c.require(H > 0, "q_nope", [&] { return "expected H > 0 heads, got shape " + core::shape_string(p.q_nope); });
   c.require(nope > 0 && nope % 16 == 0, "q_nope",
-            "expected qk_nope a positive multiple of 16, got " + num(nope));
+            [&] { return "expected qk_nope a positive multiple of 16, got " + num(nope); });
   c.tensor(p.q_pe, "q_pe", {p.q_nope.dtype}, {{T, "T"}, {H, "H"}, {core::kMhaRopeDim, "64"}});
   c.output(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, "v"});
   if (!c.ok()) return c.status();
   const int64_t v = p.out.shape[2];
-  c.require(v > 0 && v % 16 == 0, "out", "expected v (its last dim) a positive multiple of 16, got " + num(v));
+  c.require(v > 0 && v % 16 == 0, "out", [&] { return "expected v (its last dim) a positive multiple of 16, got " + num(v); });
   c.output(p.lse, "lse", {DType::kF32}, {{T, "T"}, {H, "H"}}, false);
   c.optional(p.attn_sink, "attn_sink", {DType::kF32}, {{H, "H"}}, false);
   c.require(std::isfinite(p.sm_scale) && p.sm_scale > 0.f, "sm_scale",
-            "expected a finite value > 0, got " + std::to_string(p.sm_scale));
-  const std::string wshape = "[H * (qk_nope + v), 512] = [" + num(H) + " * (" + num(nope) + " + " + num(v) +
-                             "), 512] = [" + num(H * (nope + v)) + ", 512]";
+            [&] { return "expected a finite value > 0, got " + std::to_string(p.sm_scale); });
+  const auto wshape = [&] {
+    return "[H * (qk_nope + v), 512] = [" + num(H) + " * (" + num(nope) + " + " + num(v) + "), 512] = [" +
+           num(H * (nope + v)) + ", 512]";
+  };
   if (c.ok() && !p.kv_b_proj.present())
-    c.require(false, "kv_b_proj", "is required (expected a bf16 tensor of shape " + wshape + ")");
+    c.require(false, "kv_b_proj", "is required (expected a bf16 tensor of shape " + wshape() + ")");
   if (c.ok() && p.kv_b_proj.dtype != DType::kBF16)
     c.require(false, "kv_b_proj", std::string("expected dtype bf16, got ") + dtype_name(p.kv_b_proj.dtype));
   if (c.ok() && (p.kv_b_proj.ndim != 2 || p.kv_b_proj.shape[0] != H * (nope + v) || p.kv_b_proj.shape[1] != 512))
-    c.require(false, "kv_b_proj", "expected shape " + wshape + ", got " + core::shape_string(p.kv_b_proj));
+    c.require(false, "kv_b_proj", "expected shape " + wshape() + ", got " + core::shape_string(p.kv_b_proj));
   c.tensor(p.kv_b_proj, "kv_b_proj", {DType::kBF16}, {{H * (nope + v), "H * (qk_nope + v)"}, {512, "512"}});
   c.mla_cache(p.cache, "cache");
   c.tensor(p.cu_seqlens_q, "cu_seqlens_q", {DType::kI32}, {"B + 1"}, false);
@@ -88,9 +91,10 @@ Status validate(const DenseMhaPrefillParams& p, Shape* s) {
   const bool on_cuda = s->dev.type == DeviceType::kCUDA;
   if (on_cuda) {
     c.require(p.q_nope.dtype == DType::kBF16, "q_nope", "expected dtype bf16 on CUDA, got f32");
-    c.require((nope == 128 || nope == 192) && (v == 128 || v == 256), "q_nope",
-              "expected (qk_nope, v) in {128, 192} x {128, 256} on CUDA (qk 192/256 per head), got (" + num(nope) +
-                  ", " + num(v) + ")");
+    c.require((nope == 128 || nope == 192) && (v == 128 || v == 256), "q_nope", [&] {
+      return "expected (qk_nope, v) in {128, 192} x {128, 256} on CUDA (qk 192/256 per head), got (" + num(nope) + ", " +
+             num(v) + ")";
+    });
     c.aligned(p.q_nope, "q_nope", 16).aligned(p.q_pe, "q_pe", 16).aligned(p.kv_b_proj, "kv_b_proj", 16);
     c.aligned(p.out, "out", 16);
     if (!c.ok()) return c.status();
@@ -103,38 +107,44 @@ Status validate(const DenseMhaPrefillParams& p, Shape* s) {
     if (p.kv_lens_host.present()) {
       for (int64_t b = 0; b < B && c.ok(); ++b) {
         const int64_t kv = at(p.kv_lens_host, b);
-        c.require(kv >= 0 && kv <= s->max_blocks * s->page, "kv_lens_host",
-                  "expected values in [0, max_blocks * page_size = " + num(s->max_blocks * s->page) +
-                      "], got kv_lens_host[" + num(b) + "] = " + num(kv));
+        c.require(kv >= 0 && kv <= s->max_blocks * s->page, "kv_lens_host", [&] {
+          return "expected values in [0, max_blocks * page_size = " + num(s->max_blocks * s->page) +
+                 "], got kv_lens_host[" + num(b) + "] = " + num(kv);
+        });
       }
     }
     return c.status();
   }
   // Host contents that would send the backend out of bounds.
-  c.require(at(p.cu_seqlens_q, 0) == 0, "cu_seqlens_q", "expected cu_seqlens_q[0] = 0, got " + num(at(p.cu_seqlens_q, 0)));
+  c.require(at(p.cu_seqlens_q, 0) == 0, "cu_seqlens_q",
+            [&] { return "expected cu_seqlens_q[0] = 0, got " + num(at(p.cu_seqlens_q, 0)); });
   for (int64_t b = 0; b < B && c.ok(); ++b)
-    c.require(at(p.cu_seqlens_q, b + 1) >= at(p.cu_seqlens_q, b), "cu_seqlens_q",
-              "expected non-decreasing values, got cu_seqlens_q[" + num(b + 1) + "] = " + num(at(p.cu_seqlens_q, b + 1)) +
-                  " < cu_seqlens_q[" + num(b) + "] = " + num(at(p.cu_seqlens_q, b)));
+    c.require(at(p.cu_seqlens_q, b + 1) >= at(p.cu_seqlens_q, b), "cu_seqlens_q", [&] {
+      return "expected non-decreasing values, got cu_seqlens_q[" + num(b + 1) + "] = " + num(at(p.cu_seqlens_q, b + 1)) +
+             " < cu_seqlens_q[" + num(b) + "] = " + num(at(p.cu_seqlens_q, b));
+    });
   c.require(!c.ok() || at(p.cu_seqlens_q, B) == T, "cu_seqlens_q",
-            "expected cu_seqlens_q[B] = T = " + num(T) + ", got " + num(at(p.cu_seqlens_q, B)));
+            [&] { return "expected cu_seqlens_q[B] = T = " + num(T) + ", got " + num(at(p.cu_seqlens_q, B)); });
   for (int64_t b = 0; b < B && c.ok(); ++b) {
     const int64_t q_len = at(p.cu_seqlens_q, b + 1) - at(p.cu_seqlens_q, b);
     const int64_t kv = at(p.kv_lens, b);
-    c.require(kv >= 0 && kv <= s->max_blocks * s->page, "kv_lens",
-              "expected values in [0, max_blocks * page_size = " + num(s->max_blocks * s->page) + "], got kv_lens[" +
-                  num(b) + "] = " + num(kv));
+    c.require(kv >= 0 && kv <= s->max_blocks * s->page, "kv_lens", [&] {
+      return "expected values in [0, max_blocks * page_size = " + num(s->max_blocks * s->page) + "], got kv_lens[" +
+             num(b) + "] = " + num(kv);
+    });
     const int32_t* row = p.block_table.ptr<int32_t>() + b * p.block_table.stride[0];
     const int64_t used = (kv + s->page - 1) / s->page;
     for (int64_t j = 0; j < used && c.ok(); ++j) {
       const int64_t blk = row[j * p.block_table.stride[1]];
-      c.require(blk >= 0 && blk < p.cache.num_blocks, "block_table",
-                "expected entries in [0, num_blocks = " + num(p.cache.num_blocks) + ") for the " + num(used) +
-                    " pages that kv_lens[" + num(b) + "] uses, got block_table[" + num(b) + "][" + num(j) + "] = " + num(blk));
+      c.require(blk >= 0 && blk < p.cache.num_blocks, "block_table", [&] {
+        return "expected entries in [0, num_blocks = " + num(p.cache.num_blocks) + ") for the " + num(used) +
+               " pages that kv_lens[" + num(b) + "] uses, got block_table[" + num(b) + "][" + num(j) + "] = " + num(blk);
+      });
     }
-    c.require(!c.ok() || q_len <= kv, "kv_lens",
-              "expected q_len <= kv_len for every sequence, got q_len = " + num(q_len) + " > kv_len = " + num(kv) +
-                  " for sequence " + num(b));
+    c.require(!c.ok() || q_len <= kv, "kv_lens", [&] {
+      return "expected q_len <= kv_len for every sequence, got q_len = " + num(q_len) + " > kv_len = " + num(kv) +
+             " for sequence " + num(b);
+    });
   }
   return c.status();
 }
@@ -264,12 +274,14 @@ const char* kUpProject = "mla_up_project";
 
 // kv_b_proj as [H * (nope + v), 512] bf16: the message states the shape it expects.
 void check_weight(core::ArgCheck& c, const TensorDesc& w, int64_t H, int64_t nope, int64_t v) {
-  const std::string shape = "[H * (qk_nope + v), 512] = [" + num(H) + " * (" + num(nope) + " + " + num(v) + "), 512]";
-  if (c.ok() && !w.present()) c.require(false, "kv_b_proj", "is required (expected a bf16 tensor of shape " + shape + ")");
+  const auto shape = [&] {
+    return "[H * (qk_nope + v), 512] = [" + num(H) + " * (" + num(nope) + " + " + num(v) + "), 512]";
+  };
+  if (c.ok() && !w.present()) c.require(false, "kv_b_proj", "is required (expected a bf16 tensor of shape " + shape() + ")");
   if (c.ok() && w.dtype != DType::kBF16)
     c.require(false, "kv_b_proj", std::string("expected dtype bf16, got ") + dtype_name(w.dtype));
   if (c.ok() && (w.ndim != 2 || w.shape[0] != H * (nope + v) || w.shape[1] != 512))
-    c.require(false, "kv_b_proj", "expected shape " + shape + ", got " + core::shape_string(w));
+    c.require(false, "kv_b_proj", "expected shape " + shape() + ", got " + core::shape_string(w));
   c.tensor(w, "kv_b_proj", {DType::kBF16}, {{H * (nope + v), "H * (qk_nope + v)"}, {512, "512"}});
 }
 
@@ -319,8 +331,9 @@ Status mla_absorb_q(const MlaAbsorbQParams& p) {
     c.tensor(p.q_nope, "q_nope", {DType::kBF16, DType::kF32}, {"T", "H", "qk_nope"});
     if (!c.ok()) return c.status();
     const int64_t T = p.q_nope.shape[0], H = p.q_nope.shape[1], nope = p.q_nope.shape[2];
-    c.require(H > 0 && nope > 0, "q_nope", "expected H > 0 and qk_nope > 0, got shape " + core::shape_string(p.q_nope));
-    c.require(p.v_dim > 0, "v_dim", "expected > 0 (the weight's v rows per head), got " + num(p.v_dim));
+    c.require(H > 0 && nope > 0, "q_nope",
+              [&] { return "expected H > 0 and qk_nope > 0, got shape " + core::shape_string(p.q_nope); });
+    c.require(p.v_dim > 0, "v_dim", [&] { return "expected > 0 (the weight's v rows per head), got " + num(p.v_dim); });
     c.tensor(p.q_pe, "q_pe", {p.q_nope.dtype}, {{T, "T"}, {H, "H"}, {core::kMhaRopeDim, "64"}});
     check_weight(c, p.kv_b_proj, H, nope, p.v_dim);
     c.output(p.q_out, "q_out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {576, "576"}});
@@ -350,14 +363,14 @@ Status mla_up_project(const MlaUpProjectParams& p) {
   return core::guarded(kUpProject, [&]() -> Status {
     core::ArgCheck c(kUpProject);
     c.tensor(p.latent, "latent", {DType::kBF16, DType::kF32}, {"T", "H", {512, "512"}});
-    c.require(p.qk_nope > 0, "qk_nope", "expected > 0 (the weight's W_UK rows per head), got " + num(p.qk_nope));
+    c.require(p.qk_nope > 0, "qk_nope", [&] { return "expected > 0 (the weight's W_UK rows per head), got " + num(p.qk_nope); });
     if (!c.ok()) return c.status();
     const int64_t T = p.latent.shape[0], H = p.latent.shape[1];
-    c.require(H > 0, "latent", "expected H > 0 heads, got shape " + core::shape_string(p.latent));
+    c.require(H > 0, "latent", [&] { return "expected H > 0 heads, got shape " + core::shape_string(p.latent); });
     c.output(p.out, "out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, "v"});
     if (!c.ok()) return c.status();
     const int64_t v = p.out.shape[2];
-    c.require(v > 0, "out", "expected v (its last dim) > 0, got " + num(v));
+    c.require(v > 0, "out", [&] { return "expected v (its last dim) > 0, got " + num(v); });
     check_weight(c, p.kv_b_proj, H, p.qk_nope, v);
     c.disjoint(p.out, "out", p.latent, "latent").disjoint(p.out, "out", p.kv_b_proj, "kv_b_proj");
     if (!c.ok()) return c.status();

@@ -18,9 +18,9 @@ const T& elem1(const TensorDesc& t, int64_t i) {
 
 core::ArgCheck check_topk(const TopkParams& p) {
   core::ArgCheck c("topk");
-  c.require(p.k > 0 && p.k % 64 == 0 && p.k <= kMaxTopk, "k",
-            "expected a positive multiple of 64 up to " + std::to_string(kMaxTopk) + ", got " +
-                std::to_string(p.k));
+  c.require(p.k > 0 && p.k % 64 == 0 && p.k <= kMaxTopk, "k", [&] {
+    return "expected a positive multiple of 64 up to " + std::to_string(kMaxTopk) + ", got " + std::to_string(p.k);
+  });
   c.tensor(p.logits, "logits", {DType::kF32, DType::kBF16}, {"M", "W"});
   const int64_t M = c.ok() ? p.logits.shape[0] : 0;
   c.tensor(p.lengths, "lengths", {DType::kI32}, {{M, "M"}}, false);
@@ -98,7 +98,7 @@ Status map_indices(const MapIndicesParams& p) {
   c.optional(p.row_seq, "row_seq", {DType::kI32}, {{M, "M"}}, false);
   c.disjoint(p.out, "out", p.row_seq, "row_seq");
   c.require(p.row_seq.present() || p.rows_per_seq >= 1, "rows_per_seq",
-            "expected >= 1, got " + std::to_string(p.rows_per_seq));
+            [&] { return "expected >= 1, got " + std::to_string(p.rows_per_seq); });
   c.require(p.kind == IndexMapKind::kFlat || p.kind == IndexMapKind::kPaged, "kind",
             "expected kFlat or kPaged");
   int64_t B = 0;
@@ -109,16 +109,18 @@ Status map_indices(const MapIndicesParams& p) {
   } else if (c.ok()) {
     c.tensor(p.block_table, "block_table", {DType::kI32}, {"B", "max_blocks"});
     c.require(p.page_size > 0 && p.page_size <= 2147483647, "page_size",
-              "expected in [1, 2^31 - 1], got " + std::to_string(p.page_size));
-    c.require(p.num_blocks >= 0, "num_blocks", "expected >= 0 (0: unchecked), got " + std::to_string(p.num_blocks));
+              [&] { return "expected in [1, 2^31 - 1], got " + std::to_string(p.page_size); });
+    c.require(p.num_blocks >= 0, "num_blocks",
+              [&] { return "expected >= 0 (0: unchecked), got " + std::to_string(p.num_blocks); });
     c.disjoint(p.out, "out", p.block_table, "block_table");
     B = c.ok() ? p.block_table.shape[0] : 0;
   }
   if (c.ok() && !p.row_seq.present() && M > 0) {
     const int64_t need = (M - 1) / p.rows_per_seq + 1;
-    c.require(need <= B, p.kind == IndexMapKind::kFlat ? "kv_start" : "block_table",
-              "expected at least (M - 1) / rows_per_seq + 1 = " + std::to_string(need) +
-                  " sequences, got B = " + std::to_string(B));
+    c.require(need <= B, p.kind == IndexMapKind::kFlat ? "kv_start" : "block_table", [&] {
+      return "expected at least (M - 1) / rows_per_seq + 1 = " + std::to_string(need) + " sequences, got B = " +
+             std::to_string(B);
+    });
   }
   if (!c.ok()) return c.status();
   Device dev;
@@ -163,15 +165,16 @@ Status map_indices(const MapIndicesParams& p) {
         if (j / page >= max_blocks) continue;  // past the table: -1, as documented
         const int64_t blk = p.block_table.ptr<const int32_t>()[seq * p.block_table.stride[0] + (j / page) * p.block_table.stride[1]];
         if (blk < 0) continue;
-        const std::string entry = "block_table[" + std::to_string(seq) + "][" + std::to_string(j / page) + "]";
+        // The entry's name is built only for a message (this loop visits every index).
+        const auto entry = [&] { return "block_table[" + std::to_string(seq) + "][" + std::to_string(j / page) + "]"; };
         if (p.num_blocks > 0 && blk >= p.num_blocks) {
-          c.require(false, entry.c_str(),
+          c.require(false, entry().c_str(),
                     "expected a page of the cache in [0, num_blocks = " + std::to_string(p.num_blocks) + "), got " +
                         std::to_string(blk) + " (read for indices[" + std::to_string(i) + "][" + std::to_string(k) + "])");
           return c.status();
         }
         if (core::saturating_add(core::saturating_mul(blk, page), j % page) > kMaxI32) {
-          c.require(false, entry.c_str(),
+          c.require(false, entry().c_str(),
                     "expected block * page_size + offset to fit int32, got " + std::to_string(blk) + " * " +
                         std::to_string(page) + " + " + std::to_string(j % page) + " > 2^31 - 1");
           return c.status();

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "dsa/cache.h"
 #include "dsa/status.h"
@@ -78,6 +79,15 @@ class ArgCheck {
                      const char* other_name, bool alias_ok = false);
   // A free-form condition: on failure "op: name: expectation".
   ArgCheck& require(bool cond, const char* name, const std::string& expectation);
+  // The same for a literal expectation, and for one built by `what()` (a callable returning
+  // std::string): the message is made only when the check fails, so a passing op allocates
+  // nothing (these checks run on every launch of a layer step).
+  ArgCheck& require(bool cond, const char* name, const char* expectation);
+  template <typename F, typename = decltype(std::string(std::declval<F&>()()))>
+  ArgCheck& require(bool cond, const char* name, F&& what) {
+    if (ok() && !cond) fail(StatusCode::kInvalidArgument, name, what());
+    return *this;
+  }
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }

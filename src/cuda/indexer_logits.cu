@@ -42,6 +42,7 @@ logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc&
 enum class Forced { kNone, kSimt, kMma, kWgmmaMmaOnly };
 
 // DSA_CUDA_LOGITS=simt|mma|wgmma_mma_only (diagnosis on a new device, tests, the bench hook).
+// Read once per call (tests switch it between calls).
 Forced forced_kernel() {
   const char* v = std::getenv("DSA_CUDA_LOGITS");
   if (v == nullptr) return Forced::kNone;
@@ -50,19 +51,16 @@ Forced forced_kernel() {
   if (std::strcmp(v, "wgmma_mma_only") == 0) return Forced::kWgmmaMmaOnly;
   return Forced::kNone;
 }
-bool simt_forced() { return forced_kernel() == Forced::kSimt; }
-
-bool wgmma_allowed(int64_t heads) {
-  const Forced f = forced_kernel();
+bool wgmma_allowed(int64_t heads, Forced f) {
   return heads <= 64 && (f == Forced::kNone || f == Forced::kWgmmaMmaOnly) && hopper::current_device_is_sm90a();
 }
 
 template <class Keys>
-StatusCode launch(const logits::QArgs& a, const Keys& keys, void* stream, bool paged) {
+StatusCode launch(const logits::QArgs& a, const Keys& keys, void* stream, bool paged, bool simt_forced) {
   if (a.rows == 0 || a.width == 0) return StatusCode::kOk;
   if (a.rows > 0x7fffffffLL) return StatusCode::kUnsupported;
   const cudaStream_t s = as_stream(stream);
-  if (a.heads <= 64 && !simt_forced()) {
+  if (a.heads <= 64 && !simt_forced) {
     const int64_t chunks = ceil_div(a.width, logits::kMmaChunk);
     if (chunks > kMaxGridY) return StatusCode::kUnsupported;
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(chunks));
@@ -89,12 +87,12 @@ StatusCode launch(const logits::QArgs& a, const Keys& keys, void* stream, bool p
 }  // namespace
 
 StatusCode indexer_logits(const IndexerLogitsParams& p) {
-  if (wgmma_allowed(p.q.shape[1])) {
+  const Forced forced = forced_kernel();
+  if (wgmma_allowed(p.q.shape[1], forced)) {
     bool served = false;
-    const StatusCode st = logits_wg::launch_flat(p, forced_kernel() == Forced::kWgmmaMmaOnly, &served);
+    const StatusCode st = logits_wg::launch_flat(p, forced == Forced::kWgmmaMmaOnly, &served);
     if (served) {
-      note_kernel(forced_kernel() == Forced::kWgmmaMmaOnly ? "indexer_logits.wgmma_fp8_mma_only"
-                                                            : "indexer_logits.wgmma_fp8");
+      note_kernel(forced == Forced::kWgmmaMmaOnly ? "indexer_logits.wgmma_fp8_mma_only" : "indexer_logits.wgmma_fp8");
       return st;
     }
   }
@@ -108,13 +106,14 @@ StatusCode indexer_logits(const IndexerLogitsParams& p) {
   keys.ke = i32_vec(p.ke);
   keys.n = p.k.shape[0];
   keys.aligned16 = reinterpret_cast<uintptr_t>(p.k.data) % 16 == 0 && p.k.stride[0] % 16 == 0;
-  return launch(a, keys, p.stream, false);
+  return launch(a, keys, p.stream, false, forced == Forced::kSimt);
 }
 
 StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   // skip_rows_up_to is honoured by the mma.sync and SIMT kernels (the wgmma kernel's row blocks
   // do not skip rows yet): a call that skips rows takes them.
-  if (wgmma_allowed(p.q.shape[1]) && forced_kernel() == Forced::kNone && p.skip_rows_up_to == 0) {
+  const Forced forced = forced_kernel();
+  if (forced == Forced::kNone && p.skip_rows_up_to == 0 && wgmma_allowed(p.q.shape[1], forced)) {
     bool served = false;
     const StatusCode st = logits_wg::launch_paged(p, &served);
     if (served) {
@@ -139,7 +138,7 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
     keys.kv_lens = i32_vec(p.kv_lens);
     keys.next_n = p.next_n;
   }
-  return launch(a, keys, p.stream, true);
+  return launch(a, keys, p.stream, true, forced == Forced::kSimt);
 }
 
 }  // namespace gpu

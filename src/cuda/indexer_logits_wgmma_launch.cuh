@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/cuda_common.cuh"
@@ -12,16 +13,6 @@
 namespace dsa {
 namespace gpu {
 namespace logits_wg {
-
-inline int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      n <= 0) {
-    cudaGetLastError();
-    return 132;
-  }
-  return n;
-}
 
 // Heads padded to the kernel's head count (16, 32 or 64).
 inline int padded_heads(int64_t h) { return h <= 16 ? 16 : h <= 32 ? 32 : 64; }
@@ -62,7 +53,10 @@ inline void plan_chunks(Args* a, int sms) {
   int64_t best = 1;
   double best_cost = -1;
   const int64_t max_c = a->tiles < 4096 ? a->tiles : 4096;
-  for (int64_t c = 1; c <= max_c; ++c) {
+  // The smallest c of least cost over [1, max_c]. Waves never fall as c grows, so among the c
+  // that share one tiles-per-chunk value the smallest costs least: only those are visited
+  // (about 2 sqrt(tiles) of them instead of every c; the same answer, on every launch).
+  for (int64_t c = 1; c <= max_c;) {
     const int64_t per = ceil_div(a->tiles, c);
     const int64_t waves = ceil_div(a->row_blocks * c, sms);
     const double cost = static_cast<double>(waves) * (static_cast<double>(per) + kItemOverhead);
@@ -70,6 +64,8 @@ inline void plan_chunks(Args* a, int sms) {
       best_cost = cost;
       best = c;
     }
+    if (per == 1) break;
+    c = ceil_div(a->tiles, per - 1);  // the first c with fewer tiles per chunk
   }
   a->chunk_tiles = ceil_div(a->tiles, best);
   a->chunks = ceil_div(a->tiles, a->chunk_tiles);
@@ -78,7 +74,7 @@ inline void plan_chunks(Args* a, int sms) {
 
 template <class Keys, int kHeads, int kRows, bool kEpilogue>
 StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s) {
-  const int sms = sm_count();
+  const int sms = current_sm_count();
   plan_chunks(&a, sms);
   if (a.items == 0) {  // no key tile anywhere: only -inf columns (the main kernel fills them otherwise)
     if (!kEpilogue) return StatusCode::kOk;
@@ -87,9 +83,21 @@ StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const
   }
   auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue>;
   constexpr int smem = Smem<kHeads * kRows, kRows>::kAlloc;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+  // The shared-memory opt-in is a property of the function on a device: set once per device
+  // for each instantiation (not a stream operation, so capture is unaffected).
+  static std::atomic<uint64_t> opted_in{0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     return StatusCode::kDeviceError;
+  }
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (!bit || !(opted_in.load(std::memory_order_acquire) & bit)) {
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+      cudaGetLastError();
+      return StatusCode::kDeviceError;
+    }
+    opted_in.fetch_or(bit, std::memory_order_acq_rel);
   }
   const int64_t grid = a.items < sms ? a.items : sms;
   kern<<<static_cast<unsigned>(grid), kThreads, smem, s>>>(a, keys, map, smap);

@@ -30,15 +30,6 @@ constexpr size_t kWorkspaceAlign = 256;
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-int sm_count(int device) {
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) {
-    cudaGetLastError();
-    n = 132;  // H200
-  }
-  return n;
-}
-
 // Key-range splitting: when there are too few (token, head group) tiles to fill the device
 // twice over, each tile's key list is cut into `splits` ranges of `split_keys` positions.
 struct SplitPlan {
@@ -56,7 +47,7 @@ SplitPlan plan_splits(int64_t T, int64_t H, int64_t max_keys, int device) {
   const int64_t key_tiles = ceil_div(std::max<int64_t>(max_keys, 1), mla::kTileKeys);
   s.split_keys = static_cast<int32_t>(std::min<int64_t>(key_tiles * mla::kTileKeys, INT32_MAX / 2));
   if (s.tiles == 0) return s;
-  const int64_t target = 2 * static_cast<int64_t>(sm_count(device));
+  const int64_t target = 2 * static_cast<int64_t>(sm_count_of(device));  // 132 (H200) when unknown
   if (s.tiles >= target || key_tiles < 2 * kMinTilesPerSplit) return s;
   int64_t want = std::min(ceil_div(target, s.tiles), key_tiles / kMinTilesPerSplit);
   want = std::min(want, kMaxSplits);
@@ -211,8 +202,9 @@ bool forced_mma_sync() {
 
 // Which sparse kernel a call runs: wgmma on sm_90a for BF16 caches (flat or paged) with
 // 16-byte-aligned queries and keys; mma.sync otherwise (other GPUs, FP8 caches, odd strides).
-bool sparse_uses_wgmma(const SparseMlaParams& p) {
-  if (forced_mma_sync()) return false;
+// `forced`: forced_mma_sync(), read once by the caller.
+bool sparse_uses_wgmma(const SparseMlaParams& p, bool forced) {
+  if (forced) return false;
   if (kv_kind(p.kv) == mla::kPagedFp8) return false;
   const bool q_ok = aligned16(p.q.data) && p.q.stride[0] % 8 == 0 && p.q.stride[1] % 8 == 0;
   const bool kv_ok = p.kv.flat.present() ? (aligned16(p.kv.flat.data) && p.kv.flat.stride[0] % 8 == 0) : true;
@@ -257,8 +249,9 @@ size_t sparse_mla_workspace_size(const SparseMlaParams& p) {
 StatusCode sparse_mla(const SparseMlaParams& p) {
   const SplitPlan plan = sparse_plan(p);
   if (plan.tiles == 0) return StatusCode::kOk;
-  if (decode::sparse_chosen(p)) {
-    note_kernel(sparse_mla_kernel_name(p));
+  const bool forced = forced_mma_sync();  // once per call: the environment is read once
+  if (!forced && decode::sparse_capable(p)) {  // decode::sparse_chosen(p)
+    note_kernel("sparse_mla.wgmma_fp8_splitkv");  // sparse_mla_kernel_name(p) of such a call
     return decode::sparse(p);
   }
   if (p.indices.shape[1] > INT32_MAX / 2) return StatusCode::kUnsupported;
@@ -274,7 +267,7 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
   }
   attach_workspace(pr, plan, p.workspace);
   const cudaStream_t stream = as_stream(p.stream);
-  if (sparse_uses_wgmma(p)) {
+  if (sparse_uses_wgmma(p, forced)) {
     return kv_kind(p.kv) == mla::kFlatBf16 ? launch_sparse_wgmma<mla::kFlatBf16>(pr, plan, stream)
                                            : launch_sparse_wgmma<mla::kPagedBf16>(pr, plan, stream);
   }
@@ -287,7 +280,7 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
 
 const char* sparse_mla_kernel_name(const SparseMlaParams& p) {
   if (decode::sparse_chosen(p)) return "sparse_mla.wgmma_fp8_splitkv";
-  if (!sparse_uses_wgmma(p)) return "sparse_mla.mma_sync";
+  if (!sparse_uses_wgmma(p, forced_mma_sync())) return "sparse_mla.mma_sync";
   return p.q.shape[1] <= 32 ? "sparse_mla.wgmma_bf16_few_heads" : "sparse_mla.wgmma_bf16";
 }
 
@@ -299,7 +292,8 @@ StatusCode dense_mla(const DenseMlaParams& p) {
   const SplitPlan plan = dense_plan(p);
   if (plan.tiles == 0) return StatusCode::kOk;
   if (decode::dense_chosen(p)) {
-    note_kernel(dense_mla_kernel_name(p));
+    // dense_mla_kernel_name(p) of a chosen call, without deciding the choice a second time.
+    note_kernel(p.kv.paged.dtype == MlaCacheDtype::kFP8 ? "dense_mla.wgmma_splitkv_fp8" : "dense_mla.wgmma_splitkv");
     return decode::dense(p);
   }
   if (dense_max_keys(p) > INT32_MAX / 2) return StatusCode::kUnsupported;

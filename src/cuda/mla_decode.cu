@@ -34,16 +34,6 @@ constexpr int64_t kMaxTokens = 2048;
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 bool aligned(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
-int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      n <= 0) {
-    cudaGetLastError();
-    n = 132;
-  }
-  return n;
-}
-
 // Workspace: [meta 2][sched_pos G+1][rb_prefix max_rb+1][rb_unit max_rb][rb_local max_rb] i32,
 // then part_ml [2G][64] float2, then part_o [2G][64][512] f32.
 struct Layout {
@@ -53,7 +43,7 @@ struct Layout {
 };
 Layout layout(int64_t max_rb) {
   Layout l;
-  l.G = sm_count();
+  l.G = current_sm_count();
   l.max_rb = max_rb;
   const size_t ints = 2 + (l.G + 1) + (max_rb + 1) + 2 * max_rb;
   l.ml_off = align_up(ints * 4);

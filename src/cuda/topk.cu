@@ -22,13 +22,7 @@ bool legacy_forced() {
 }
 
 // Resident blocks the split aims at: two per SM of the current device.
-int64_t block_slots() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
-    sms = 132;
-  return 2 * static_cast<int64_t>(sms);
-}
+int64_t block_slots() { return 2 * static_cast<int64_t>(current_sm_count()); }
 
 // Rows longer than kMaxRun must split; rows may split into runs of >= max(4k, 16384) keys
 // (shorter runs gain nothing) while the merge list (segs * k slots) stays one run.

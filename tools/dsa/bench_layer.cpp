@@ -369,19 +369,100 @@ bool make_plan_for(const Options& o, const dsa::ModelGeometry& g, int64_t tokens
 // step() per layer (v0.1's only form) and once as prepare() + run() per layer (and, with
 // `device_kv`, as the graph-stable decode form over device lengths). Every call is timed alone,
 // the device idle before it, from StepReport::host_us: the figures are the host's own work,
-// not waits behind queued GPU work. Means per layer; prepare once per batch.
+// not waits behind queued GPU work. Means per layer; prepare once per batch. Then the ways
+// engines pay it: the layers' run() calls enqueued back to back (no sync between them: host
+// wall time of the loop / layers, median of kBackToBackReps), the host split of one run() by
+// op (StepReport::ms_*), and on CUDA the device-lengths step captured once in a CUDA graph and
+// replayed (host time of cudaGraphLaunch and GPU time of a replay, each / layers).
+constexpr int kBackToBackReps = 5;
+constexpr int kGraphReplays = 50;
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
+  }
+  return o + "\"";
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Host us of one run() by op (StepReport::ms_* of run's stages; `other`: the rest of host_us:
+// validation, routing, chunk sizing, the report).
+struct OpSplit {
+  double cache = 0, queries = 0, score = 0, select = 0, map = 0, sparse = 0, dense = 0, other = 0;
+  void add(const dsa::StepReport& r, double scale) {
+    const double staged = r.ms_cache + r.ms_prepare + r.ms_score + r.ms_select + r.ms_map + r.ms_sparse + r.ms_dense;
+    cache += scale * 1e3 * r.ms_cache;
+    queries += scale * 1e3 * r.ms_prepare;
+    score += scale * 1e3 * r.ms_score;
+    select += scale * 1e3 * r.ms_select;
+    map += scale * 1e3 * r.ms_map;
+    sparse += scale * 1e3 * r.ms_sparse;
+    dense += scale * 1e3 * r.ms_dense;
+    other += scale * std::max(0.0, r.host_us - 1e3 * staged);
+  }
+  std::string json() const {
+    char b[320];
+    std::snprintf(b, sizeof(b),
+                  "{\"cache\": %.2f, \"queries\": %.2f, \"score\": %.2f, \"select\": %.2f, \"map\": %.2f, \"sparse\": %.2f, "
+                  "\"dense\": %.2f, \"other\": %.2f}",
+                  cache, queries, score, select, map, sparse, dense, other);
+    return b;
+  }
+  std::string text() const {
+    char b[240];
+    std::snprintf(b, sizeof(b), "cache %.1f queries %.1f score %.1f select %.1f map %.1f sparse %.1f dense %.1f other %.1f",
+                  cache, queries, score, select, map, sparse, dense, other);
+    return b;
+  }
+};
+
+// The device-lengths decode step captured in one CUDA graph (one prepare + `layers` runs).
+struct GraphReplay {
+  bool measured = false;
+  std::string why;  // when not measured
+  int replays = 0;
+  double launch_us = 0, gpu_us = 0;  // medians per replay (the whole graph)
+};
+
 struct HostCost {
   int layers = 0;
   double step_us = 0, prepare_us = 0, run_us = 0, dl_prepare_us = 0, dl_run_us = 0;
   bool dl = false;
+  double b2b_run_us = 0, dl_b2b_run_us = 0;  // back to back, per layer
+  OpSplit run_ops, dl_run_ops;               // means over the timed-alone runs
+  GraphReplay graph;
   std::string json() const {
-    char b[320];
+    char b[400];
     std::snprintf(b, sizeof(b), "{\"layers\": %d, \"step\": %.2f, \"prepare\": %.2f, \"run\": %.2f", layers, step_us,
                   prepare_us, run_us);
     std::string j = b;
     if (dl) {
       std::snprintf(b, sizeof(b), ", \"device_lengths_prepare\": %.2f, \"device_lengths_run\": %.2f", dl_prepare_us, dl_run_us);
       j += b;
+    }
+    std::snprintf(b, sizeof(b), ", \"back_to_back_reps\": %d, \"back_to_back_run\": %.2f", kBackToBackReps, b2b_run_us);
+    j += b;
+    if (dl) {
+      std::snprintf(b, sizeof(b), ", \"device_lengths_back_to_back_run\": %.2f", dl_b2b_run_us);
+      j += b;
+    }
+    j += ", \"run_by_op\": " + run_ops.json();
+    if (dl) j += ", \"device_lengths_run_by_op\": " + dl_run_ops.json();
+    if (graph.measured) {
+      std::snprintf(b, sizeof(b),
+                    ", \"graph_replay\": {\"measured\": true, \"replays\": %d, \"launch_us\": %.2f, \"launch_us_per_layer\": %.3f, "
+                    "\"gpu_us\": %.2f, \"gpu_us_per_layer\": %.3f}",
+                    graph.replays, graph.launch_us, graph.launch_us / layers, graph.gpu_us, graph.gpu_us / layers);
+      j += b;
+    } else {
+      j += ", \"graph_replay\": {\"measured\": false, \"reason\": " + json_str(graph.why) + "}";
     }
     return j + "}";
   }
@@ -396,9 +477,122 @@ struct HostCost {
       std::snprintf(b, sizeof(b), " | device lengths: prepare() %.1f + run() %.1f", dl_prepare_us, dl_run_us);
       t += b;
     }
-    return t + "\n";
+    t += "\n";
+    std::snprintf(b, sizeof(b), "    host us per layer, back to back (%d run() calls, no sync; median of %d): run() %.1f",
+                  layers, kBackToBackReps, b2b_run_us);
+    t += b;
+    if (dl) {
+      std::snprintf(b, sizeof(b), " | device lengths run() %.1f", dl_b2b_run_us);
+      t += b;
+    }
+    t += "\n    run() host us by op: " + run_ops.text() + "\n";
+    if (dl) t += "    device lengths run() by op: " + dl_run_ops.text() + "\n";
+    if (graph.measured) {
+      std::snprintf(b, sizeof(b),
+                    "    graph replay (prepare + %d runs, median of %d): launch %.1f us = %.2f per layer | gpu %.1f us = %.1f per "
+                    "layer\n",
+                    layers, graph.replays, graph.launch_us, graph.launch_us / layers, graph.gpu_us, graph.gpu_us / layers);
+      t += b;
+    } else {
+      t += "    graph replay: not measured (" + graph.why + ")\n";
+    }
+    return t;
   }
 };
+
+using Clock = std::chrono::steady_clock;
+double us_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); }
+
+// One prepare, then `layers` run() calls enqueued back to back, `reps` times (the device idle
+// before each prepare): the median of (host wall time of the run loop) / layers.
+std::string back_to_back(const Options& o, dsa::Attention& attn, const dsa::StepParams& p, int layers, double* out) {
+  std::vector<double> per_layer;
+  std::string e;
+  for (int r = 0; r < kBackToBackReps; ++r) {
+    if (!(e = sync(o)).empty()) return e;
+    dsa::Status st = attn.prepare(p);
+    if (!st.ok()) return "prepare: " + st.to_string();
+    const auto t0 = Clock::now();
+    for (int l = 0; l < layers && st.ok(); ++l) st = attn.run(p);
+    const auto t1 = Clock::now();
+    if (!st.ok()) return "run: " + st.to_string();
+    per_layer.push_back(us_between(t0, t1) / layers);
+  }
+  if (!(e = sync(o)).empty()) return e;
+  *out = median(per_layer);
+  return "";
+}
+
+#if defined(DSA_WITH_CUDA)
+// The device-lengths step `q` captured as one graph (prepare + `layers` runs) on a stream of its
+// own, by an Attention object of its own (layer.h: one object per captured graph, destroyed
+// after the graph; warmed up eagerly and synchronised before the capture), then replayed: per
+// replay the host time of cudaGraphLaunch alone and the GPU time between events around it,
+// the device idle before each. Fills g; "" or why it could not be measured.
+std::string graph_replay(const dsa::Plan& plan, const dsa::StepParams& q_in, int layers, GraphReplay* g) {
+  std::unique_ptr<dsa::Attention> owner;  // declared first: destroyed after the graph below
+  dsa::Status st = dsa::Attention::create(plan, &owner);
+  if (!st.ok()) return "attention object: " + st.to_string();
+  struct Cuda {
+    cudaStream_t stream = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    ~Cuda() {
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      for (cudaEvent_t e : ev)
+        if (e) cudaEventDestroy(e);
+      if (stream) cudaStreamDestroy(stream);
+    }
+  } c;
+  auto cuda_error = [](const char* what, cudaError_t e) {
+    cudaGetLastError();
+    return std::string(what) + ": " + cudaGetErrorString(e);
+  };
+  cudaError_t e = cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreate(&c.ev[0]);
+  if (e == cudaSuccess) e = cudaEventCreate(&c.ev[1]);
+  if (e != cudaSuccess) return cuda_error("stream or events", e);
+  dsa::StepParams q = q_in;
+  q.stream = c.stream;
+  auto one_step = [&]() {
+    dsa::Status s = owner->prepare(q);
+    for (int l = 0; l < layers && s.ok(); ++l) s = owner->run(q);
+    return s;
+  };
+  if (!(st = one_step()).ok()) return "eager warm-up: " + st.to_string();
+  if ((e = cudaDeviceSynchronize()) != cudaSuccess) return cuda_error("eager warm-up", e);
+  if ((e = cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeGlobal)) != cudaSuccess) return cuda_error("begin capture", e);
+  st = one_step();
+  e = cudaStreamEndCapture(c.stream, &c.graph);
+  if (!st.ok()) return "step under capture: " + st.to_string();
+  if (e != cudaSuccess || c.graph == nullptr) return cuda_error("end capture", e);
+  if ((e = cudaGraphInstantiate(&c.exec, c.graph, 0)) != cudaSuccess) return cuda_error("instantiate", e);
+  for (int i = 0; i < 3 && e == cudaSuccess; ++i) e = cudaGraphLaunch(c.exec, c.stream);  // upload, warm
+  if (e == cudaSuccess) e = cudaStreamSynchronize(c.stream);
+  if (e != cudaSuccess) return cuda_error("warm-up replays", e);
+  std::vector<double> launch, gpu;
+  for (int i = 0; i < kGraphReplays; ++i) {
+    if ((e = cudaEventRecord(c.ev[0], c.stream)) != cudaSuccess) return cuda_error("event", e);
+    const auto t0 = Clock::now();
+    e = cudaGraphLaunch(c.exec, c.stream);
+    const auto t1 = Clock::now();
+    if (e != cudaSuccess) return cuda_error("replay", e);
+    if ((e = cudaEventRecord(c.ev[1], c.stream)) != cudaSuccess || (e = cudaEventSynchronize(c.ev[1])) != cudaSuccess)
+      return cuda_error("replay", e);
+    float ms = 0;
+    if ((e = cudaEventElapsedTime(&ms, c.ev[0], c.ev[1])) != cudaSuccess) return cuda_error("event time", e);
+    launch.push_back(us_between(t0, t1));
+    gpu.push_back(1e3 * ms);
+  }
+  g->measured = true;
+  g->replays = kGraphReplays;
+  g->launch_us = median(launch);
+  g->gpu_us = median(gpu);
+  return "";
+}
+#endif
 
 std::string host_cost(const Options& o, dsa::Attention& attn, const dsa::StepParams& p, int layers, const Mem* device_kv,
                       int64_t next_n, HostCost* out) {
@@ -407,18 +601,20 @@ std::string host_cost(const Options& o, dsa::Attention& attn, const dsa::StepPar
   dsa::StepReport rep;
   std::string e;
   auto one = [&](dsa::Status (dsa::Attention::*call)(const dsa::StepParams&, dsa::StepReport*), const dsa::StepParams& q,
-                 double* acc) -> std::string {
+                 double* acc, OpSplit* ops = nullptr) -> std::string {
     if (!(e = sync(o)).empty()) return e;
     const dsa::Status st = (attn.*call)(q, &rep);
     if (!st.ok()) return st.to_string();
     *acc += rep.host_us;
+    if (ops) ops->add(rep, 1.0 / layers);
     return "";
   };
   for (int l = 0; l < layers; ++l)
     if (!(e = one(&dsa::Attention::step, p, &c.step_us)).empty()) return "host cost, step: " + e;
   if (!(e = one(&dsa::Attention::prepare, p, &c.prepare_us)).empty()) return "host cost, prepare: " + e;
   for (int l = 0; l < layers; ++l)
-    if (!(e = one(&dsa::Attention::run, p, &c.run_us)).empty()) return "host cost, run: " + e;
+    if (!(e = one(&dsa::Attention::run, p, &c.run_us, &c.run_ops)).empty()) return "host cost, run: " + e;
+  if (!(e = back_to_back(o, attn, p, layers, &c.b2b_run_us)).empty()) return "host cost, back to back: " + e;
   if (device_kv) {
     dsa::StepParams q = p;
     q.q_lens = dsa::TensorDesc{};
@@ -428,8 +624,24 @@ std::string host_cost(const Options& o, dsa::Attention& attn, const dsa::StepPar
     c.dl = true;
     if (!(e = one(&dsa::Attention::prepare, q, &c.dl_prepare_us)).empty()) return "host cost, device-lengths prepare: " + e;
     for (int l = 0; l < layers; ++l)
-      if (!(e = one(&dsa::Attention::run, q, &c.dl_run_us)).empty()) return "host cost, device-lengths run: " + e;
+      if (!(e = one(&dsa::Attention::run, q, &c.dl_run_us, &c.dl_run_ops)).empty())
+        return "host cost, device-lengths run: " + e;
     c.dl_run_us /= layers;
+    if (!(e = back_to_back(o, attn, q, layers, &c.dl_b2b_run_us)).empty())
+      return "host cost, device-lengths back to back: " + e;
+    if (o.cpu) {
+      c.graph.why = "CUDA graphs: CUDA backend only";
+    } else {
+#if defined(DSA_WITH_CUDA)
+      if (!(e = sync(o)).empty()) return e;
+      const std::string why = graph_replay(attn.plan(), q, layers, &c.graph);
+      if (!why.empty()) c.graph.why = "graph: " + why;
+#else
+      c.graph.why = "this build has no CUDA backend";
+#endif
+    }
+  } else {
+    c.graph.why = "graph-stable decode form (device lengths) only";
   }
   c.step_us /= layers;
   c.run_us /= layers;

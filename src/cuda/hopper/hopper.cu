@@ -1,7 +1,7 @@
 // Host side of the Hopper helpers (hopper.cuh): capability checks and tensor maps.
 #include <cudaTypedefs.h>
 
-#include <mutex>
+#include <atomic>
 
 #include "cuda/hopper/hopper.cuh"
 
@@ -39,18 +39,21 @@ bool device_is_sm90a(int device) {
 }
 
 bool current_device_is_sm90a() {
-  // 0: unknown, 1: no, 2: yes. Capabilities never change while the process runs.
-  static int known[kMaxDevices] = {};
-  static std::mutex mu;
+  // 0: unknown, 1: no, 2: yes. Capabilities never change while the process runs, so racing
+  // first calls store the same answer: atomics, no lock on the launch path.
+  static std::atomic<int> known[kMaxDevices];
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
   if (dev < 0 || dev >= kMaxDevices) return device_is_sm90a(dev);
-  std::lock_guard<std::mutex> lock(mu);
-  if (known[dev] == 0) known[dev] = device_is_sm90a(dev) ? 2 : 1;
-  return known[dev] == 2;
+  int k = known[dev].load(std::memory_order_relaxed);
+  if (k == 0) {
+    k = device_is_sm90a(dev) ? 2 : 1;
+    known[dev].store(k, std::memory_order_relaxed);
+  }
+  return k == 2;
 }
 
 StatusCode make_tensor_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, int rank,
