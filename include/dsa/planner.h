@@ -75,6 +75,7 @@ struct Plan {
   std::vector<PlanBuffer> score_buffers;  // the score region when serving rows of max_context
   int64_t tile_width = 0;   // key columns per tile for rows that do not fit whole; 0: never tiles
   int64_t max_tiles = 0;    // tiles of the longest row
+  int64_t max_context_rows_per_chunk = 0;  // rows_per_chunk(max_context), kept: steps ask per layer
 
   // ---- KV cache, after the reservation ----
   int64_t mla_layers = 0;          // layers with an MLA cache (main + MTP)

@@ -193,6 +193,7 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
     p.max_tiles = (L + best_tile - 1) / best_tile;
   }
 
+  p.max_context_rows_per_chunk = p.rows_per_chunk(L);
   // The score region's breakdown for rows of max_context.
   {
     core::Arena a = core::Arena::counting();

@@ -52,6 +52,10 @@ int64_t chunk_rows(const Step& s, int64_t r0, int64_t r1, int64_t* width) {
   };
   const auto fits = [&](int64_t m) { return s.plan.chunk_bytes(m, widest(m)) <= s.lay.score_bytes; };
   const int64_t n = r1 - r0;
+  if (s.device_lengths) {  // every row is max_context wide: the plan's constant
+    *width = s.cfg.max_context;
+    return std::min(n, s.plan.max_context_rows_per_chunk);
+  }
   if (n <= 0 || !fits(1)) return 0;
   int64_t lo = 1, hi = 2;  // fits(lo); the answer is in [lo, hi) once !fits(hi) or hi > n
   while (hi <= n && fits(hi)) {
