@@ -42,6 +42,7 @@ struct Options {
   std::string preset;               // --preset: one preset instead of both
   int64_t prefill_S = 0, prefill_step = 0;             // --prefill S,step
   int64_t decode_B = 0, decode_next_n = 0, decode_ctx = 0;  // --decode B,next_n,ctx
+  int64_t core_B = 4, core_len = 2048;                 // --core B,LEN (layer_core)
 };
 
 struct Rng {
@@ -236,5 +237,8 @@ Result bench_layer_prefill(const Options& o, const Pools* pools, const std::stri
                            int64_t budget);
 Result bench_layer_decode(const Options& o, const Pools* pools, const std::string& preset, int64_t B, int64_t next_n,
                           int64_t ctx);
+// One batch of B fresh prompts of L tokens through the step in core mode (cost model, dense
+// absorbed, forced sparse).
+Result bench_layer_core(const Options& o, const Pools* pools, const std::string& preset, int64_t B, int64_t L);
 
 }  // namespace dsa_bench

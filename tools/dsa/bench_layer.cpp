@@ -861,3 +861,110 @@ Result bench_layer_decode(const Options& o, const Pools* pools, const std::strin
 }
 
 }  // namespace dsa_bench
+
+namespace dsa_bench {
+
+// `dsa bench --op layer_core`: one batch of B fresh prompts of L tokens through the step in
+// core mode (issue 14: q_nope / q_pe / kv_b_proj in, [T, H, v] out), three ways on the same
+// inputs: the cost model's choice (short prompts go MHA form), dense in absorbed form
+// (dense_form = absorbed), and forced through the sparse route (force_score: score, select,
+// sparse attend, absorbed). Medians of the timed steps; r.ms is the cost model's.
+Result bench_layer_core(const Options& o, const Pools* pools, const std::string& preset, int64_t B, int64_t L) {
+  Result r;
+  r.op = "layer_core";
+  r.shape = preset + " B=" + std::to_string(B) + " len=" + std::to_string(L);
+  dsa::ModelGeometry g;
+  dsa::Status st = dsa::geometry_preset(preset, &g);
+  if (!st.ok()) { r.error = st.to_string(); return r; }
+  const int64_t T = B * L, H = g.num_heads, nope = g.qk_nope_head_dim, v = g.v_head_dim;
+  // The MHA form's FLOPs (what the cost model picks for these prompts): decompression + pairs.
+  const double pairs = static_cast<double>(B) * L * (L + 1) / 2.0;
+  r.work.flops = 2.0 * 512 * H * (nope + v) * static_cast<double>(T) + 2.0 * H * (nope + 64 + v) * pairs;
+  dsa::PlannerConfig c;
+  c.geometry = g;
+  c.page_size = kPage;
+  c.max_tokens_per_step = T;
+  c.max_seqs_per_step = B;
+  c.max_context = L;
+  c.device = layer_device(o);
+  c.core_mode = true;
+  dsa::Plan plan;
+  std::unique_ptr<dsa::Attention> attn;
+  st = dsa::make_plan(c, &plan);
+  if (st.ok()) st = dsa::Attention::create(plan, &attn);
+  if (!st.ok()) { r.error = "plan: " + st.to_string(); return r; }
+  const dsa::Device d = layer_device(o);
+  const int64_t per_seq = (L + kPage - 1) / kPage, blocks = B * per_seq + 1;
+  Filler fill(o, pools, 23);
+  Mem mla(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes));
+  Mem idx(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes));
+  Mem bt(o.cpu, static_cast<size_t>(B * per_seq * 4)), cs(o.cpu, static_cast<size_t>(L * 64 * 4));
+  Mem ws(o.cpu, static_cast<size_t>(plan.workspace_bytes));
+  Mem qn(o.cpu, static_cast<size_t>(T * H * nope * 2)), qp(o.cpu, static_cast<size_t>(T * H * 64 * 2));
+  Mem w(o.cpu, static_cast<size_t>(H * (nope + v) * 512 * 2)), out(o.cpu, static_cast<size_t>(T * H * v * 2));
+  StepInputs in(o.cpu, T, g);
+  const std::vector<int32_t> perm = shuffled_pages(blocks, fill.rng);
+  const std::vector<float> rope = rope_table(L);
+  bool ok = mla.ok() && idx.ok() && ws.ok() && qn.ok() && qp.ok() && w.ok() && out.ok() && in.ok() &&
+            fill.upload(bt, perm.data(), static_cast<size_t>(B * per_seq * 4)) && fill.upload(cs, rope.data(), rope.size() * 4) &&
+            in.refresh_tokens(fill) && fill.bf16(qn) && fill.bf16(qp) && fill.bf16(w) && fill.bf16(mla) &&
+            fill.indexer_cache(idx, blocks, kPage);
+  if (!ok || !sync(o).empty()) { r.error = kAllocFailed; return r; }
+  dsa::MlaCacheDesc mdesc;
+  mdesc.data = mla.get(); mdesc.dtype = dsa::MlaCacheDtype::kBF16; mdesc.num_blocks = blocks; mdesc.page_size = kPage; mdesc.device = d;
+  dsa::IndexerCacheDesc idesc;
+  idesc.data = idx.get(); idesc.num_blocks = blocks; idesc.page_size = kPage; idesc.device = d;
+  std::vector<int32_t> ql(static_cast<size_t>(B), static_cast<int32_t>(L)), kl(static_cast<size_t>(B), static_cast<int32_t>(L));
+  // mode 0: cost model; 1: dense absorbed; 2: forced sparse.
+  auto params = [&](int mode) {
+    dsa::StepParams p = step_params(g, in, T, B, ql.data(), kl.data(), bt, per_seq, cs, L, mdesc, idesc, ws, d);
+    p.q = dsa::TensorDesc{};
+    p.q_nope = dsa::make_tensor(qn.get(), dsa::DType::kBF16, {T, H, nope}, d);
+    p.q_pe = dsa::make_tensor(qp.get(), dsa::DType::kBF16, {T, H, 64}, d);
+    p.kv_b_proj = dsa::make_tensor(w.get(), dsa::DType::kBF16, {H * (nope + v), 512}, d);
+    p.out = dsa::make_tensor(out.get(), dsa::DType::kBF16, {T, H, v}, d);
+    p.dense_form = mode == 1 ? dsa::DenseForm::kAbsorbed : dsa::DenseForm::kAuto;
+    p.force_score = mode == 2;
+    return p;
+  };
+  Timer timer(o);
+  double med[3] = {0, 0, 0};
+  int64_t mha_seqs = 0;
+  for (int mode = 0; mode < 3; ++mode) {
+    std::vector<double> ms;
+    for (int i = 0; i < o.warmup + o.iters; ++i) {
+      dsa::StepReport rep;
+      timer.start();
+      st = attn->step(params(mode), &rep);
+      timer.stop();
+      if (!st.ok()) { r.error = "mode " + std::to_string(mode) + ": " + st.to_string(); return r; }
+      if (mode == 0 && i == 0) { r.kernel = dsa::last_kernel_name(); mha_seqs = rep.mha_seqs; }
+      double t = 0;
+      if (i >= o.warmup) {
+        if (!timer.ms(&t, &r.error)) return r;
+        ms.push_back(t);
+      }
+    }
+    if (ms.empty()) { r.error = "no timed steps (--iters 0)"; return r; }
+    std::sort(ms.begin(), ms.end());
+    med[mode] = ms[ms.size() / 2];
+  }
+  const std::string e = sync(o);
+  if (!e.empty()) { r.error = e; return r; }
+  r.ms = r.ms_min = med[0];
+  r.ok = true;
+  char b[400];
+  std::snprintf(b, sizeof(b),
+                "    core mode, cost model (%lld of %lld sequences MHA form) %.3f ms | dense absorbed %.3f ms | forced sparse %.3f ms"
+                " | sparse / cost model %.2fx\n",
+                static_cast<long long>(mha_seqs), static_cast<long long>(B), med[0], med[1], med[2], med[2] / med[0]);
+  r.text_extra = b;
+  std::snprintf(b, sizeof(b),
+                ", \"mha_seqs\": %lld, \"ms_cost_model\": %.6f, \"ms_dense_absorbed\": %.6f, \"ms_forced_sparse\": %.6f, "
+                "\"workspace_bytes\": %lld",
+                static_cast<long long>(mha_seqs), med[0], med[1], med[2], static_cast<long long>(plan.workspace_bytes));
+  r.json_extra = b;
+  return r;
+}
+
+}  // namespace dsa_bench

@@ -40,7 +40,7 @@ void usage(FILE* f) {
                "usage: dsa bench [options]\n"
                "  --op NAME[,NAME]   only these ops: indexer_logits, indexer_logits_paged, topk,\n"
                "                     sparse_mla_prefill, sparse_mla_decode, dense_mla_decode,\n"
-               "                     dense_mla_prefill, layer_prefill, layer_decode\n"
+               "                     dense_mla_prefill, layer_prefill, layer_decode, layer_core\n"
                "  --quick            fewer and smaller shapes, fewer runs (whole run well under a minute;\n"
                "                     layer_prefill at S=16384 step=4096)\n"
                "  --json [PATH]      JSON results to PATH (the table still prints) or to stdout (no table)\n"
@@ -52,6 +52,8 @@ void usage(FILE* f) {
                "  --preset NAME      layer benchmarks of this preset only (default glm-5 and deepseek-v3.2)\n"
                "  --prefill S,STEP   layer_prefill of S tokens in steps of STEP instead of the default shape\n"
                "  --decode B,N,CTX   layer_decode of B sequences, next_n N, CTX cached tokens each\n"
+               "  --core B,LEN       layer_core: B fresh prompts of LEN tokens through the step in core mode\n"
+               "                     (cost model vs dense absorbed vs forced sparse; default 4,2048)\n"
                "                     Both layer rows add the host us per layer (JSON host_us_per_layer):\n"
                "                     each call alone (step; prepare once + run; device lengths), run()\n"
                "                     back to back over the layers, run()'s host time by op, and on CUDA\n"
@@ -140,6 +142,16 @@ bool parse(int argc, char** argv, Options* o) {
       }
       if (want == 2) { o->prefill_S = x[0]; o->prefill_step = x[1]; }
       else { o->decode_B = x[0]; o->decode_next_n = x[1]; o->decode_ctx = x[2]; }
+    } else if (a == "--core") {
+      const char* v = value("--core");
+      if (!v) return false;
+      long long x[2] = {0, 0};
+      if (std::sscanf(v, "%lld,%lld", &x[0], &x[1]) != 2 || x[0] <= 0 || x[1] <= 0) {
+        std::fprintf(stderr, "dsa bench: --core: expected B,LEN of positive integers, got '%s'\n", v);
+        return false;
+      }
+      o->core_B = x[0];
+      o->core_len = x[1];
     } else if (a == "--bf16-tflops" || a == "--fp8-tflops" || a == "--copy-tbs") {
       const char* v = value(a.c_str());
       if (!v) return false;
@@ -164,7 +176,8 @@ bool parse(int argc, char** argv, Options* o) {
 
 const char* const kOpNames[] = {"indexer_logits",   "indexer_logits_paged", "topk",
                                 "sparse_mla_prefill", "sparse_mla_decode",  "dense_mla_decode",
-                                "dense_mla_prefill",  "layer_prefill",      "layer_decode"};
+                                "dense_mla_prefill",  "layer_prefill",      "layer_decode",
+                                "layer_core"};
 
 bool ops_known(const Options& o) {
   for (const auto& name : o.ops) {
@@ -220,6 +233,10 @@ void add_layer_cases(const Options& o, std::vector<Case>* cases) {
       if ((o.preset.empty() && !o.quick) || o.preset == "deepseek-v3.2")
         cases->push_back([&o](const Pools* pp) { return bench_layer_decode(o, pp, "deepseek-v3.2", 128, 1, 8192); });
     }
+  }
+  if (selected(o, "layer_core")) {
+    for (const std::string& preset : presets)
+      cases->push_back([&o, preset](const Pools* pp) { return bench_layer_core(o, pp, preset, o.core_B, o.core_len); });
   }
 }
 
@@ -298,8 +315,8 @@ int run_cases(const Options& o, const std::string& device, int units, const std:
 // --backend cpu: the layer benchmarks on the CPU backend.
 int run_cpu(const Options& o) {
   for (const auto& name : o.ops)
-    if (name != "layer_prefill" && name != "layer_decode") {
-      std::fprintf(stderr, "dsa bench: --backend cpu: only layer_prefill and layer_decode run on the CPU, got '%s'\n",
+    if (name != "layer_prefill" && name != "layer_decode" && name != "layer_core") {
+      std::fprintf(stderr, "dsa bench: --backend cpu: only layer_prefill, layer_decode and layer_core run on the CPU, got '%s'\n",
                    name.c_str());
       return 2;
     }
