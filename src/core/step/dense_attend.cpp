@@ -36,27 +36,36 @@ Status identity_indices(Step& s, const Run& run) {
   return st;
 }
 
+DenseRunTables dense_run_tables(Step& s, const Run& run) {
+  const int64_t nb = run.b1 - run.b0;
+  int64_t run_max_kv = 0;
+  for (int64_t b = run.b0; b < run.b1; ++b) run_max_kv = std::max<int64_t>(run_max_kv, s.kv_len(b));
+  DenseRunTables t;
+  // The run's cu_seqlens, uploaded by stage_metadata (a region per dense run, in batch order).
+  t.cu_seqlens = dev_tensor(s.lay.dense_cu + s.dense_cu_at, DType::kI32, {nb + 1}, s.dev);
+  s.dense_cu_at += nb + 1;
+  t.block_table = rows(s.p.block_table, run.b0, nb);
+  // Only the pages dense keys can use (kv_len <= topk): the kernels size their key split by
+  // the block table's width, and a batch-wide width would launch empty splits.
+  t.block_table.shape[1] = std::min<int64_t>(t.block_table.shape[1],
+                                             std::max<int64_t>(1, (run_max_kv + s.cfg.page_size - 1) / s.cfg.page_size));
+  t.kv_lens = dev_tensor(s.lay.kv_lens + run.b0, DType::kI32, {nb}, s.dev);
+  return t;
+}
+
 Status dense_attend(Step& s, const Run& run) {
   const StepParams& p = s.p;
   const auto td = Clock::now();
   mark(s, Stage::kDense);
-  const int64_t nb = run.b1 - run.b0, n = run.r1 - run.r0;
-  int64_t run_max_kv = 0;
-  for (int64_t b = run.b0; b < run.b1; ++b) run_max_kv = std::max<int64_t>(run_max_kv, s.kv_len(b));
-  // The run's cu_seqlens, uploaded by stage_metadata (a region per dense run, in batch order).
-  int32_t* cu_dev = s.lay.dense_cu + s.dense_cu_at;
-  s.dense_cu_at += nb + 1;
+  const int64_t n = run.r1 - run.r0;
+  const DenseRunTables t = dense_run_tables(s, run);
   Status st;
   DenseMlaParams dp;
   dp.q = rows(s.q_abs, run.r0, n);
   dp.kv.paged = p.mla_cache;
-  dp.cu_seqlens_q = dev_tensor(cu_dev, DType::kI32, {nb + 1}, s.dev);
-  dp.block_table = rows(p.block_table, run.b0, nb);
-  // Only the pages dense keys can use (kv_len <= topk): the kernels size their key split by
-  // the block table's width, and a batch-wide width would launch empty splits.
-  dp.block_table.shape[1] = std::min<int64_t>(dp.block_table.shape[1],
-                                              std::max<int64_t>(1, (run_max_kv + s.cfg.page_size - 1) / s.cfg.page_size));
-  dp.kv_lens = dev_tensor(s.lay.kv_lens + run.b0, DType::kI32, {nb}, s.dev);
+  dp.cu_seqlens_q = t.cu_seqlens;
+  dp.block_table = t.block_table;
+  dp.kv_lens = t.kv_lens;
   dp.attn_sink = p.attn_sink;
   dp.sm_scale = s.sm_scale;
   dp.out = rows(s.out_lat, run.r0, n);

@@ -16,22 +16,15 @@ Status dense_attend_mha(Step& s, const Run& run) {
   const auto td = Clock::now();
   mark(s, Stage::kDense);
   const int64_t nb = run.b1 - run.b0, n = run.r1 - run.r0;
-  int64_t run_max_kv = 0;
-  for (int64_t b = run.b0; b < run.b1; ++b) run_max_kv = std::max<int64_t>(run_max_kv, s.kv_len(b));
-  int32_t* cu_dev = s.lay.dense_cu + s.dense_cu_at;  // this run's cu_seqlens (stage_metadata)
-  s.dense_cu_at += nb + 1;
+  const DenseRunTables t = dense_run_tables(s, run);
   DenseMhaPrefillParams mp;
   mp.q_nope = rows(p.q_nope, run.r0, n);
   mp.q_pe = rows(p.q_pe, run.r0, n);
   mp.cache = p.mla_cache;
-  mp.block_table = rows(p.block_table, run.b0, nb);
-  // Only the pages the run's contexts use: without host lengths the op budgets a sequence at
-  // the table's capacity, and with them it still gathers no further.
-  mp.block_table.shape[1] = std::min<int64_t>(mp.block_table.shape[1],
-                                              std::max<int64_t>(1, (run_max_kv + s.cfg.page_size - 1) / s.cfg.page_size));
-  mp.kv_lens = dev_tensor(s.lay.kv_lens + run.b0, DType::kI32, {nb}, s.dev);
+  mp.block_table = t.block_table;  // with host lengths the op gathers no further than them
+  mp.kv_lens = t.kv_lens;
   mp.kv_lens_host = make_tensor(s.kv_lens_h + run.b0, DType::kI32, {nb}, cpu_device());
-  mp.cu_seqlens_q = dev_tensor(cu_dev, DType::kI32, {nb + 1}, s.dev);
+  mp.cu_seqlens_q = t.cu_seqlens;
   mp.kv_b_proj = p.kv_b_proj;
   mp.attn_sink = p.attn_sink;
   mp.sm_scale = s.sm_scale;

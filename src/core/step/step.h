@@ -232,6 +232,12 @@ void keep_prepared(Step& s);     // what the runs reuse
 Status use_prepared(Step& s);    // the prepared batch's slot and layout for this layer
 void route(Step& s);             // a Route per sequence for this layer's role
 Status write_caches(Step& s);
+// A dense run's device tables: its cu_seqlens region (the next one, in batch order), its block
+// table rows trimmed to the pages its contexts use, its kv_lens.
+struct DenseRunTables {
+  TensorDesc cu_seqlens, block_table, kv_lens;
+};
+DenseRunTables dense_run_tables(Step& s, const Run& run);
 Status dense_attend(Step& s, const Run& run);      // absorbed form (dense_mla)
 // Core mode: whether a dense run takes the MHA form (the cost model's split, dense_form) and
 // its attention in that form (dense_mha_prefill; decompressed K/V in the score region).
