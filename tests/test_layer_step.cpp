@@ -1720,3 +1720,33 @@ TEST(LayerStepCoreMode, BadCoreInputsGetClearErrors) {
   expect(true, [&](StepParams& p) { p.out = t_f32(ci.out.data(), {w.T, kH, 64}); }, "out");
   expect(true, [&](StepParams& p) { p.q_pe = TensorDesc{}; }, "q_pe");
 }
+
+TEST(LayerStepCoreMode, PaddedSequencesGetZeroOutputsAndChangeNothingElse) {
+  // Sequence 2 (a fresh 20-token prompt: MHA form) and sequence 3 (past topk) padded whole.
+  World w(tiny_geometry(64), {{3, 40}, {4, 100}, {20, 20}, {1, 80}}, 16, 909);
+  CoreInputs ci(w, 910);
+  std::vector<int64_t> slots;
+  for (int64_t t = 0; t < w.T; ++t) slots.push_back(w.slot(w.row_seq[t], w.row_pos[t]));
+  std::vector<int64_t> padded = slots;
+  for (int64_t t = 7; t < w.T; ++t) padded[t] = -1;
+  RunOpts a;
+  a.core_plan = true;
+  a.tweak = ci.apply(w, DenseForm::kAuto);
+  const Result ref = run_step(w, a);
+  ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
+  EXPECT_EQ(ref.report.mha_seqs, 1);
+  const std::vector<float> ref_out = ci.out;
+  RunOpts b = a;
+  b.slot_mapping = &padded;
+  const Result got = run_step(w, b);
+  ASSERT_TRUE(got.status.ok()) << got.status.to_string();
+  for (int64_t t = 0; t < w.T; ++t) {
+    const float* o = ci.out.data() + t * kH * 128;
+    if (t >= 7) {
+      for (int64_t j = 0; j < kH * 128; ++j) ASSERT_EQ(o[j], 0.0f) << "padded row " << t;
+      for (int64_t h = 0; h < kH; ++h) ASSERT_EQ(got.lse[t * kH + h], std::numeric_limits<float>::infinity());
+    } else {
+      ASSERT_EQ(0, std::memcmp(o, ref_out.data() + t * kH * 128, kH * 128 * 4)) << "row " << t;
+    }
+  }
+}
