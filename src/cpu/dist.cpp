@@ -16,7 +16,7 @@ using ::dsa::cpu::parallel_for;
 
 StatusCode candidates(const CandidatesArgs& a) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  parallel_for(a.M, 16, [&](int64_t b, int64_t e) {
+  return parallel_for(a.M, 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       for (int64_t j = 0; j < a.k; ++j) {
         const int32_t li = a.local_idx[i * a.k + j];
@@ -34,13 +34,12 @@ StatusCode candidates(const CandidatesArgs& a) {
       }
     }
   });
-  return StatusCode::kOk;
 }
 
 StatusCode merge(const MergeArgs& a) {
   const float ninf = -std::numeric_limits<float>::infinity();
   const int64_t W = a.ranks * a.k;
-  parallel_for(a.M, 4, [&](int64_t b, int64_t e) {
+  return parallel_for(a.M, 4, [&](int64_t b, int64_t e) {
     int64_t head[kMaxRanks];
     for (int64_t i = b; i < e; ++i) {
       for (int r = 0; r < a.ranks; ++r) head[r] = 0;
@@ -73,12 +72,11 @@ StatusCode merge(const MergeArgs& a) {
       }
     }
   });
-  return StatusCode::kOk;
 }
 
 StatusCode final_select(const FinalArgs& a) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  parallel_for(a.M, 16, [&](int64_t b, int64_t e) {
+  return parallel_for(a.M, 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       int32_t* idx = a.indices.ptr<int32_t>() + i * a.indices.stride[0];
       float* val = a.values.present() ? a.values.ptr<float>() + i * a.values.stride[0] : nullptr;
@@ -90,12 +88,11 @@ StatusCode final_select(const FinalArgs& a) {
       }
     }
   });
-  return StatusCode::kOk;
 }
 
 StatusCode local_indices(const LocalIndicesArgs& a) {
   const int64_t M = a.indices.shape[0], K = a.indices.shape[1];
-  parallel_for(M, 16, [&](int64_t b, int64_t e) {
+  return parallel_for(M, 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int32_t* in = a.indices.ptr<const int32_t>() + i * a.indices.stride[0];
       int32_t* out = a.out.ptr<int32_t>() + i * a.out.stride[0];
@@ -107,12 +104,11 @@ StatusCode local_indices(const LocalIndicesArgs& a) {
       }
     }
   });
-  return StatusCode::kOk;
 }
 
 StatusCode lse_merge(const LseMergeArgs& a) {
   const int64_t TH = a.T * a.H;
-  parallel_for(TH, 8, [&](int64_t b, int64_t e) {
+  return parallel_for(TH, 8, [&](int64_t b, int64_t e) {
     float w[kMaxRanks];
     for (int64_t th = b; th < e; ++th) {
       const int64_t t = th / a.H, h = th % a.H;
@@ -139,7 +135,6 @@ StatusCode lse_merge(const LseMergeArgs& a) {
       }
     }
   });
-  return StatusCode::kOk;
 }
 
 }  // namespace cpu
