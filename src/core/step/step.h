@@ -6,6 +6,9 @@
 //   stage_metadata  stage_metadata.cpp   the workspace layout, row tables uploaded
 //   write_caches    write_caches.cpp     MLA latent and indexer key caches, every token
 //   dense_attend    dense_attend.cpp     dense causal MLA of a dense run (+ identity indices)
+//   dense_attend_mha dense_attend_mha.cpp core mode: a dense run in MHA form (dense_mha_prefill)
+//   absorb_queries / up_project (project.cpp): core mode, W_UK before and W_UV after a run's
+//                   absorbed attends
 //   sparse_run      sparse_run.cpp       a sparse run chunk by chunk:
 //     score_select_map_chunk / score_tiled_row (score_select_map.cpp): score, top-k, map
 //     sparse_attend (sparse_attend.cpp): sparse MLA over a chunk's mapped indices
@@ -13,11 +16,6 @@
 // Shared helpers (row slices, op wrappers that time and check scratch) are in ops.cpp. Device
 // bookkeeping (staging memory, uploads, events, capture status) goes through DeviceOps
 // (device_ops.h), implemented per backend.
-//
-// A later "core mode" (un-absorbed q + kv_b_proj in, MHA-form dense prefill, W_UV up-projection)
-// adds stages here: an absorb stage before the attends, an MHA dense_attend beside the absorbed
-// one chosen per run, and an up_project stage after them; Batch (below) already carries the
-// per-sequence route those choices extend.
 #pragma once
 #include <chrono>
 #include <cstdint>
