@@ -59,17 +59,7 @@ Status validate(const DenseMhaPrefillParams& p, Shape* s) {
   c.optional(p.attn_sink, "attn_sink", {DType::kF32}, {{H, "H"}}, false);
   c.require(std::isfinite(p.sm_scale) && p.sm_scale > 0.f, "sm_scale",
             [&] { return "expected a finite value > 0, got " + std::to_string(p.sm_scale); });
-  const auto wshape = [&] {
-    return "[H * (qk_nope + v), 512] = [" + num(H) + " * (" + num(nope) + " + " + num(v) + "), 512] = [" +
-           num(H * (nope + v)) + ", 512]";
-  };
-  if (c.ok() && !p.kv_b_proj.present())
-    c.require(false, "kv_b_proj", "is required (expected a bf16 tensor of shape " + wshape() + ")");
-  if (c.ok() && p.kv_b_proj.dtype != DType::kBF16)
-    c.require(false, "kv_b_proj", std::string("expected dtype bf16, got ") + dtype_name(p.kv_b_proj.dtype));
-  if (c.ok() && (p.kv_b_proj.ndim != 2 || p.kv_b_proj.shape[0] != H * (nope + v) || p.kv_b_proj.shape[1] != 512))
-    c.require(false, "kv_b_proj", "expected shape " + wshape() + ", got " + core::shape_string(p.kv_b_proj));
-  c.tensor(p.kv_b_proj, "kv_b_proj", {DType::kBF16}, {{H * (nope + v), "H * (qk_nope + v)"}, {512, "512"}});
+  core::check_kv_b_proj(c, p.kv_b_proj, H, nope, v);
   c.mla_cache(p.cache, "cache");
   c.tensor(p.cu_seqlens_q, "cu_seqlens_q", {DType::kI32}, {"B + 1"}, false);
   if (!c.ok()) return c.status();
@@ -241,6 +231,24 @@ Status dense_mha_prefill(const DenseMhaPrefillParams& p) {
   return Status::Ok();
 }
 
+namespace core {
+
+void check_kv_b_proj(ArgCheck& c, const TensorDesc& w, int64_t H, int64_t nope, int64_t v, const char* when) {
+  const auto shape = [&] {
+    return "[H * (qk_nope + v), 512] = [" + num(H) + " * (" + num(nope) + " + " + num(v) + "), 512] = [" +
+           num(H * (nope + v)) + ", 512]";
+  };
+  if (c.ok() && !w.present())
+    c.require(false, "kv_b_proj", [&] { return std::string("is required") + when + " (expected a bf16 tensor of shape " + shape() + ")"; });
+  if (c.ok() && w.dtype != DType::kBF16)
+    c.require(false, "kv_b_proj", [&] { return std::string("expected dtype bf16, got ") + dtype_name(w.dtype); });
+  if (c.ok() && (w.ndim != 2 || w.shape[0] != H * (nope + v) || w.shape[1] != 512))
+    c.require(false, "kv_b_proj", [&] { return "expected shape " + shape() + ", got " + shape_string(w); });
+  c.tensor(w, "kv_b_proj", {DType::kBF16}, {{H * (nope + v), "H * (qk_nope + v)"}, {512, "512"}});
+}
+
+}  // namespace core
+
 // ---- the cost model (docs/mha.md) ----
 
 MhaCost mha_form_cost(int64_t q_len, int64_t kv_len, int64_t H, int64_t qk_nope, int64_t v) {
@@ -271,19 +279,6 @@ namespace {
 
 const char* kAbsorb = "mla_absorb_q";
 const char* kUpProject = "mla_up_project";
-
-// kv_b_proj as [H * (nope + v), 512] bf16: the message states the shape it expects.
-void check_weight(core::ArgCheck& c, const TensorDesc& w, int64_t H, int64_t nope, int64_t v) {
-  const auto shape = [&] {
-    return "[H * (qk_nope + v), 512] = [" + num(H) + " * (" + num(nope) + " + " + num(v) + "), 512]";
-  };
-  if (c.ok() && !w.present()) c.require(false, "kv_b_proj", "is required (expected a bf16 tensor of shape " + shape() + ")");
-  if (c.ok() && w.dtype != DType::kBF16)
-    c.require(false, "kv_b_proj", std::string("expected dtype bf16, got ") + dtype_name(w.dtype));
-  if (c.ok() && (w.ndim != 2 || w.shape[0] != H * (nope + v) || w.shape[1] != 512))
-    c.require(false, "kv_b_proj", "expected shape " + shape() + ", got " + core::shape_string(w));
-  c.tensor(w, "kv_b_proj", {DType::kBF16}, {{H * (nope + v), "H * (qk_nope + v)"}, {512, "512"}});
-}
 
 // The CUDA backend multiplies with cuBLAS: bf16 activations only (its GEMMs take both operands
 // in one type, and the weight is bf16), a bf16 or f32 output.
@@ -335,7 +330,7 @@ Status mla_absorb_q(const MlaAbsorbQParams& p) {
               [&] { return "expected H > 0 and qk_nope > 0, got shape " + core::shape_string(p.q_nope); });
     c.require(p.v_dim > 0, "v_dim", [&] { return "expected > 0 (the weight's v rows per head), got " + num(p.v_dim); });
     c.tensor(p.q_pe, "q_pe", {p.q_nope.dtype}, {{T, "T"}, {H, "H"}, {core::kMhaRopeDim, "64"}});
-    check_weight(c, p.kv_b_proj, H, nope, p.v_dim);
+    core::check_kv_b_proj(c, p.kv_b_proj, H, nope, p.v_dim);
     c.output(p.q_out, "q_out", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {576, "576"}});
     c.disjoint(p.q_out, "q_out", p.q_nope, "q_nope").disjoint(p.q_out, "q_out", p.q_pe, "q_pe");
     c.disjoint(p.q_out, "q_out", p.kv_b_proj, "kv_b_proj");
@@ -371,7 +366,7 @@ Status mla_up_project(const MlaUpProjectParams& p) {
     if (!c.ok()) return c.status();
     const int64_t v = p.out.shape[2];
     c.require(v > 0, "out", [&] { return "expected v (its last dim) > 0, got " + num(v); });
-    check_weight(c, p.kv_b_proj, H, p.qk_nope, v);
+    core::check_kv_b_proj(c, p.kv_b_proj, H, p.qk_nope, v);
     c.disjoint(p.out, "out", p.latent, "latent").disjoint(p.out, "out", p.kv_b_proj, "kv_b_proj");
     if (!c.ok()) return c.status();
     Device dev;

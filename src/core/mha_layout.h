@@ -27,6 +27,13 @@ struct MhaLayout {
 };
 MhaLayout mha_layout(DeviceType device, int64_t H, int64_t qk_nope, int64_t v, int64_t tokens);
 
+class ArgCheck;
+// The layer's kv_b_proj weight, [H * (qk_nope + v), 512] bf16 (HF layout), for every op that
+// takes it (dense_mha_prefill, the projections, the step's core mode): presence, dtype, shape
+// and strides, the message stating the shape it expects. `when` qualifies "is required"
+// (" in core mode"); empty for the ops.
+void check_kv_b_proj(ArgCheck& c, const TensorDesc& w, int64_t H, int64_t qk_nope, int64_t v, const char* when = "");
+
 // Whether `device` has an MHA-form kernel for (qk_nope, v): any multiples of 16 on the CPU;
 // (128 | 192, 128 | 256) on CUDA (DeepSeek-V3.2 and GLM-5).
 inline bool mha_geometry_supported(DeviceType device, int64_t qk_nope, int64_t v) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/step/step.h"
+#include "core/mha_layout.h"
 #include "core/validate.h"
 
 namespace dsa {
@@ -290,16 +291,7 @@ Status validate(const Plan& plan, const StepParams& p, BatchShape* out) {
       if (dev.type == DeviceType::kCPU) c.tensor(p.q_nope, "q_nope", {DType::kBF16, DType::kF32}, {{T, "T"}, {H, "H"}, {nope, "qk_nope_head_dim"}});
       else c.tensor(p.q_nope, "q_nope", {DType::kBF16}, {{T, "T"}, {H, "H"}, {nope, "qk_nope_head_dim"}});
       if (c.ok()) c.tensor(p.q_pe, "q_pe", {p.q_nope.dtype}, {{T, "T"}, {H, "H"}, {kRopeDim, "64"}});
-      if (c.ok()) {
-        const std::string wshape = "[H * (qk_nope + v), 512] = [" + num(H * (nope + vdim)) + ", 512]";
-        if (!p.kv_b_proj.present())
-          c.require(false, "kv_b_proj", "is required in core mode (expected a bf16 tensor of shape " + wshape + ")");
-        else if (p.kv_b_proj.dtype != DType::kBF16)
-          c.require(false, "kv_b_proj", std::string("expected dtype bf16, got ") + dtype_name(p.kv_b_proj.dtype));
-        else if (p.kv_b_proj.ndim != 2 || p.kv_b_proj.shape[0] != H * (nope + vdim) || p.kv_b_proj.shape[1] != kLatentDim)
-          c.require(false, "kv_b_proj", "expected shape " + wshape + ", got " + describe(p.kv_b_proj));
-        c.tensor(p.kv_b_proj, "kv_b_proj", {DType::kBF16}, {{H * (nope + vdim), "H * (qk_nope + v)"}, {kLatentDim, "512"}});
-      }
+      core::check_kv_b_proj(c, p.kv_b_proj, H, nope, vdim, " in core mode");
       if (c.ok() && p.kv_b_proj.device != dev)
         c.require(false, "kv_b_proj", "expected on the plan's device " + std::string(device_type_name(dev.type)) + ", got " +
                                           describe(p.kv_b_proj));
