@@ -305,6 +305,36 @@ std::vector<int32_t> shuffled_pages(int64_t n, Rng& rng) {
   return v;
 }
 
+// The paged caches of a layer benchmark: B sequences of up to ctx tokens each on shuffled
+// pages (block-table mistakes cannot hide behind the identity; one spare page), random
+// latents and indexer keys with power-of-two scales in every slot, the block table
+// [B, per_seq] and the RoPE table of ctx positions.
+struct LayerCaches {
+  int64_t ctx, per_seq, blocks;
+  Mem mla, idx, bt, cs;
+  LayerCaches(bool cpu, int64_t B, int64_t context)
+      : ctx(context), per_seq((ctx + kPage - 1) / kPage), blocks(B * per_seq + 1),
+        mla(cpu, static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes)),
+        idx(cpu, static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes)),
+        bt(cpu, static_cast<size_t>(B * per_seq * 4)), cs(cpu, static_cast<size_t>(ctx * 64 * 4)) {}
+  bool fill(Filler& f) const {
+    const std::vector<int32_t> perm = shuffled_pages(blocks, f.rng);
+    const std::vector<float> rope = rope_table(ctx);
+    return mla.ok() && idx.ok() && f.upload(bt, perm.data(), bt.bytes()) && f.upload(cs, rope.data(), rope.size() * 4) &&
+           f.bf16(mla) && f.indexer_cache(idx, blocks, kPage);
+  }
+  dsa::MlaCacheDesc mla_desc(dsa::Device d) const {
+    dsa::MlaCacheDesc m;
+    m.data = mla.get(); m.dtype = dsa::MlaCacheDtype::kBF16; m.num_blocks = blocks; m.page_size = kPage; m.device = d;
+    return m;
+  }
+  dsa::IndexerCacheDesc idx_desc(dsa::Device d) const {
+    dsa::IndexerCacheDesc i;
+    i.data = idx.get(); i.num_blocks = blocks; i.page_size = kPage; i.device = d;
+    return i;
+  }
+};
+
 // The per-token inputs of a step of up to T rows.
 struct StepInputs {
   Mem q, iq, ik, iw, kvc, kpe, out, lse;
@@ -677,24 +707,16 @@ Result bench_layer_prefill(const Options& o, const Pools* pools, const std::stri
   std::unique_ptr<dsa::Attention> attn;
   if (!make_plan_for(o, g, step, 1, S, 1, budget, &plan, &attn, &r.error)) return r;
   const dsa::Device d = layer_device(o);
-  const int64_t pages = (S + kPage - 1) / kPage, blocks = pages + 1;
   Filler fill(o, pools, 21);
-  Mem mla(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes));
-  Mem idx(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes));
-  Mem bt(o.cpu, static_cast<size_t>(pages * 4)), cs(o.cpu, static_cast<size_t>(S * 64 * 4));
+  const LayerCaches caches(o.cpu, 1, S);  // random contents too (every slot a step reads it has written first)
+  const int64_t pages = caches.per_seq;
+  const Mem &bt = caches.bt, &cs = caches.cs;
   Mem ws(o.cpu, static_cast<size_t>(plan.workspace_bytes));
   StepInputs in(o.cpu, step, g);
-  const std::vector<int32_t> perm = shuffled_pages(blocks, fill.rng);
-  const std::vector<float> rope = rope_table(S);
-  // The caches get random contents too (every slot a step reads it has written first).
-  bool ok = mla.ok() && idx.ok() && ws.ok() && in.ok() && fill.upload(bt, perm.data(), static_cast<size_t>(pages * 4)) &&
-            fill.upload(cs, rope.data(), rope.size() * 4) && in.fill_all(fill) && fill.bf16(mla) &&
-            fill.indexer_cache(idx, blocks, kPage);
+  bool ok = ws.ok() && in.ok() && caches.fill(fill) && in.fill_all(fill);
   if (!ok) { r.error = kAllocFailed; return r; }
-  dsa::MlaCacheDesc mdesc;
-  mdesc.data = mla.get(); mdesc.dtype = dsa::MlaCacheDtype::kBF16; mdesc.num_blocks = blocks; mdesc.page_size = kPage; mdesc.device = d;
-  dsa::IndexerCacheDesc idesc;
-  idesc.data = idx.get(); idesc.num_blocks = blocks; idesc.page_size = kPage; idesc.device = d;
+  const dsa::MlaCacheDesc mdesc = caches.mla_desc(d);
+  const dsa::IndexerCacheDesc idesc = caches.idx_desc(d);
 
   Timer timer(o);
   std::vector<double> ms(static_cast<size_t>(nsteps), 0);
@@ -785,27 +807,20 @@ Result bench_layer_decode(const Options& o, const Pools* pools, const std::strin
   std::unique_ptr<dsa::Attention> attn;
   if (!make_plan_for(o, g, T, B, ctx, next_n, dsa::kDefaultScoreBudgetBytes, &plan, &attn, &r.error)) return r;
   const dsa::Device d = layer_device(o);
-  const int64_t per_seq = (ctx + kPage - 1) / kPage, blocks = B * per_seq + 1;
   Filler fill(o, pools, 22);
-  Mem mla(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes));
-  Mem idx(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes));
-  Mem bt(o.cpu, static_cast<size_t>(B * per_seq * 4)), cs(o.cpu, static_cast<size_t>(ctx * 64 * 4));
+  const LayerCaches caches(o.cpu, B, ctx);
+  const int64_t per_seq = caches.per_seq;
+  const Mem &bt = caches.bt, &cs = caches.cs;
   Mem ws(o.cpu, static_cast<size_t>(plan.workspace_bytes));
-  const std::vector<int32_t> perm = shuffled_pages(blocks, fill.rng);
-  const std::vector<float> rope = rope_table(ctx);
-  // The cached tokens: random latents, random indexer keys with power-of-two scales.
-  bool ok = mla.ok() && idx.ok() && ws.ok() && fill.upload(bt, perm.data(), static_cast<size_t>(B * per_seq * 4)) &&
-            fill.upload(cs, rope.data(), rope.size() * 4) && fill.bf16(mla) && fill.indexer_cache(idx, blocks, kPage);
+  bool ok = ws.ok() && caches.fill(fill);
   std::vector<std::unique_ptr<StepInputs>> sets;
   for (int s = 0; s < 2 && ok; ++s) {
     sets.push_back(std::make_unique<StepInputs>(o.cpu, T, g));
     ok = sets.back()->ok() && sets.back()->fill_all(fill);
   }
   if (!ok || !sync(o).empty()) { r.error = kAllocFailed; return r; }
-  dsa::MlaCacheDesc mdesc;
-  mdesc.data = mla.get(); mdesc.dtype = dsa::MlaCacheDtype::kBF16; mdesc.num_blocks = blocks; mdesc.page_size = kPage; mdesc.device = d;
-  dsa::IndexerCacheDesc idesc;
-  idesc.data = idx.get(); idesc.num_blocks = blocks; idesc.page_size = kPage; idesc.device = d;
+  const dsa::MlaCacheDesc mdesc = caches.mla_desc(d);
+  const dsa::IndexerCacheDesc idesc = caches.idx_desc(d);
   std::vector<int32_t> ql(static_cast<size_t>(B), static_cast<int32_t>(next_n)), kl(static_cast<size_t>(B), static_cast<int32_t>(ctx));
   auto params = [&](int s) {
     return step_params(g, *sets[static_cast<size_t>(s)], T, B, ql.data(), kl.data(), bt, per_seq, cs, ctx, mdesc, idesc, ws, d);
@@ -894,26 +909,19 @@ Result bench_layer_core(const Options& o, const Pools* pools, const std::string&
   if (st.ok()) st = dsa::Attention::create(plan, &attn);
   if (!st.ok()) { r.error = "plan: " + st.to_string(); return r; }
   const dsa::Device d = layer_device(o);
-  const int64_t per_seq = (L + kPage - 1) / kPage, blocks = B * per_seq + 1;
   Filler fill(o, pools, 23);
-  Mem mla(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kMlaBf16TokenBytes));
-  Mem idx(o.cpu, static_cast<size_t>(blocks * kPage * dsa::kIndexerTokenBytes));
-  Mem bt(o.cpu, static_cast<size_t>(B * per_seq * 4)), cs(o.cpu, static_cast<size_t>(L * 64 * 4));
+  const LayerCaches caches(o.cpu, B, L);
+  const int64_t per_seq = caches.per_seq;
+  const Mem &bt = caches.bt, &cs = caches.cs;
   Mem ws(o.cpu, static_cast<size_t>(plan.workspace_bytes));
   Mem qn(o.cpu, static_cast<size_t>(T * H * nope * 2)), qp(o.cpu, static_cast<size_t>(T * H * 64 * 2));
   Mem w(o.cpu, static_cast<size_t>(H * (nope + v) * 512 * 2)), out(o.cpu, static_cast<size_t>(T * H * v * 2));
   StepInputs in(o.cpu, T, g);
-  const std::vector<int32_t> perm = shuffled_pages(blocks, fill.rng);
-  const std::vector<float> rope = rope_table(L);
-  bool ok = mla.ok() && idx.ok() && ws.ok() && qn.ok() && qp.ok() && w.ok() && out.ok() && in.ok() &&
-            fill.upload(bt, perm.data(), static_cast<size_t>(B * per_seq * 4)) && fill.upload(cs, rope.data(), rope.size() * 4) &&
-            in.refresh_tokens(fill) && fill.bf16(qn) && fill.bf16(qp) && fill.bf16(w) && fill.bf16(mla) &&
-            fill.indexer_cache(idx, blocks, kPage);
+  bool ok = ws.ok() && qn.ok() && qp.ok() && w.ok() && out.ok() && in.ok() && caches.fill(fill) &&
+            in.refresh_tokens(fill) && fill.bf16(qn) && fill.bf16(qp) && fill.bf16(w);
   if (!ok || !sync(o).empty()) { r.error = kAllocFailed; return r; }
-  dsa::MlaCacheDesc mdesc;
-  mdesc.data = mla.get(); mdesc.dtype = dsa::MlaCacheDtype::kBF16; mdesc.num_blocks = blocks; mdesc.page_size = kPage; mdesc.device = d;
-  dsa::IndexerCacheDesc idesc;
-  idesc.data = idx.get(); idesc.num_blocks = blocks; idesc.page_size = kPage; idesc.device = d;
+  const dsa::MlaCacheDesc mdesc = caches.mla_desc(d);
+  const dsa::IndexerCacheDesc idesc = caches.idx_desc(d);
   std::vector<int32_t> ql(static_cast<size_t>(B), static_cast<int32_t>(L)), kl(static_cast<size_t>(B), static_cast<int32_t>(L));
   // mode 0: cost model; 1: dense absorbed; 2: forced sparse.
   auto params = [&](int mode) {
