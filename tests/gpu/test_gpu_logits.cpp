@@ -927,7 +927,7 @@ TEST(GpuLogits, WgmmaMmaOnlyHookRuns) {
 }
 
 // BF16 logits on the device: bit-equal to the f32 logits of the same kernel rounded to nearest
-// even, on both kernels (wgmma, mma.sync) and both key sources.
+// even, on the kernels (wgmma, its overlap variant on flat keys, mma.sync) and both key sources.
 TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
   DSA_REQUIRE_GPU();
   Rng rng(900);
@@ -947,7 +947,7 @@ TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
   gp.k_scale = dev_tensor(dsc, DType::kF32, {N});
   gp.ks = dev_tensor(dks, DType::kI32, {M});
   gp.ke = dev_tensor(dke, DType::kI32, {M});
-  for (const char* kernel : {"", "mma"}) {
+  for (const char* kernel : {"", "mma", "wgmma_overlap"}) {
     SCOPED_TRACE(kernel);
     std::unique_ptr<ScopedLogitsKernel> force;
     if (*kernel) force.reset(new ScopedLogitsKernel(kernel));
