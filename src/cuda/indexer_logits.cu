@@ -5,7 +5,9 @@
 //  * H_idx <= 64: the mma.sync f16 tensor-core kernel (grid: x = row, y = column chunk);
 //  * otherwise: the SIMT kernel.
 // DSA_CUDA_LOGITS forces one: "mma" (mma.sync), "simt"; "wgmma_mma_only" runs the wgmma
-// kernel without its epilogue (flat only; a timing hook: logits are left unwritten).
+// kernel without its epilogue (flat only; a timing hook: logits are left unwritten);
+// "wgmma_overlap" runs the wgmma variant whose epilogue overlaps the MMA (prefill row blocks,
+// flat and paged; opt-in until the H200 has checked it).
 #include <cstdlib>
 #include <cstring>
 
@@ -39,9 +41,9 @@ logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc&
   return a;
 }
 
-enum class Forced { kNone, kSimt, kMma, kWgmmaMmaOnly };
+enum class Forced { kNone, kSimt, kMma, kWgmmaMmaOnly, kWgmmaOverlap };
 
-// DSA_CUDA_LOGITS=simt|mma|wgmma_mma_only (diagnosis on a new device, tests, the bench hook).
+// DSA_CUDA_LOGITS=simt|mma|wgmma_mma_only|wgmma_overlap (diagnosis on a new device, tests, the bench hook).
 // Read once per call (tests switch it between calls).
 Forced forced_kernel() {
   const char* v = std::getenv("DSA_CUDA_LOGITS");
@@ -49,10 +51,12 @@ Forced forced_kernel() {
   if (std::strcmp(v, "simt") == 0) return Forced::kSimt;
   if (std::strcmp(v, "mma") == 0) return Forced::kMma;
   if (std::strcmp(v, "wgmma_mma_only") == 0) return Forced::kWgmmaMmaOnly;
+  if (std::strcmp(v, "wgmma_overlap") == 0) return Forced::kWgmmaOverlap;
   return Forced::kNone;
 }
 bool wgmma_allowed(int64_t heads, Forced f) {
-  return heads <= 64 && (f == Forced::kNone || f == Forced::kWgmmaMmaOnly) && hopper::current_device_is_sm90a();
+  return heads <= 64 && (f == Forced::kNone || f == Forced::kWgmmaMmaOnly || f == Forced::kWgmmaOverlap) &&
+         hopper::current_device_is_sm90a();
 }
 
 template <class Keys>
@@ -90,9 +94,12 @@ StatusCode indexer_logits(const IndexerLogitsParams& p) {
   const Forced forced = forced_kernel();
   if (wgmma_allowed(p.q.shape[1], forced)) {
     bool served = false;
-    const StatusCode st = logits_wg::launch_flat(p, forced == Forced::kWgmmaMmaOnly, &served);
+    const StatusCode st =
+        logits_wg::launch_flat(p, forced == Forced::kWgmmaMmaOnly, forced == Forced::kWgmmaOverlap, &served);
     if (served) {
-      note_kernel(forced == Forced::kWgmmaMmaOnly ? "indexer_logits.wgmma_fp8_mma_only" : "indexer_logits.wgmma_fp8");
+      note_kernel(forced == Forced::kWgmmaMmaOnly   ? "indexer_logits.wgmma_fp8_mma_only"
+                  : forced == Forced::kWgmmaOverlap ? "indexer_logits.wgmma_fp8_overlap"
+                                                    : "indexer_logits.wgmma_fp8");
       return st;
     }
   }
@@ -113,12 +120,16 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   // skip_rows_up_to is honoured by the mma.sync and SIMT kernels (the wgmma kernel's row blocks
   // do not skip rows yet): a call that skips rows takes them.
   const Forced forced = forced_kernel();
-  if (forced == Forced::kNone && p.skip_rows_up_to == 0 && wgmma_allowed(p.q.shape[1], forced)) {
+  if ((forced == Forced::kNone || forced == Forced::kWgmmaOverlap) && p.skip_rows_up_to == 0 &&
+      wgmma_allowed(p.q.shape[1], forced)) {
     bool served = false;
-    const StatusCode st = logits_wg::launch_paged(p, &served);
+    const bool overlap = forced == Forced::kWgmmaOverlap;
+    const StatusCode st = logits_wg::launch_paged(p, overlap, &served);
     if (served) {
-      note_kernel((p.row_seq.present() || p.next_n > 4) ? "indexer_logits_paged.wgmma_fp8_rows"
-                                                        : "indexer_logits_paged.wgmma_fp8_decode");
+      // The overlap variant serves the prefill-shaped row blocks; decode blocks keep the default.
+      const bool rows = p.row_seq.present() || p.next_n > 4;
+      note_kernel(rows ? (overlap ? "indexer_logits_paged.wgmma_fp8_rows_overlap" : "indexer_logits_paged.wgmma_fp8_rows")
+                       : "indexer_logits_paged.wgmma_fp8_decode");
       return st;
     }
   }

@@ -194,6 +194,86 @@ __device__ __forceinline__ void fill_invalid_row(const Args& a, const Keys& keys
 }
 
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// Pingpong turns of the overlap variant: named barrier 2 + c is "consumer warpgroup c may issue
+// its next tile's MMA"; the other warpgroup arrives on it (128 threads) after issuing its own,
+// warpgroup c syncs on it (128 threads).
+__device__ __forceinline__ void turn_wait(uint32_t c) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(2u + c) : "memory");
+}
+__device__ __forceinline__ void turn_pass(uint32_t c) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(3u - c) : "memory");
+}
+
+// One tile's state that its epilogue needs (the overlap variant runs a tile's second half
+// while the next tile is in flight, so it keeps this across tiles).
+struct TileState {
+  int64_t t;       // key tile
+  uint32_t mask;   // rows of the pass
+  uint32_t stage;  // ring stage, released after the tile's last MMA
+  bool ok;         // page resolvable (else -inf)
+  float sc0, sc1;  // scales of this thread's two keys
+};
+
+// Epilogue of rows [kR0, kR0 + kNR) of a row block: acc holds exactly those rows' columns
+// (fragment column 0 = row kR0, head 0). Per row: Σ_h w_h relu(acc) over this thread's heads,
+// a transposing reduction over the quad, then store(row, half, sum) (half: key0 or key0 + 8).
+template <int kHeads, int kR0, int kNR, int R, class Store>
+__device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const float* ws, int quad, bool ok, const Store& store) {
+  constexpr int kGpr = kHeads / 8;  // 8-column groups per row
+  static_assert(R == kNR * kHeads / 2, "accumulator of the row range");
+  // Rows in groups of kGroup (<= 4) to bound the live partial sums.
+  constexpr int kGroup = kNR < 4 ? kNR : 4;
+#pragma unroll
+  for (int r0 = kR0; r0 < kR0 + kNR; r0 += kGroup) {
+    // part[v], v = (rr - r0) * 2 + half: Σ over this thread's heads of w * relu(dot).
+    constexpr int V = 2 * kGroup;
+    float part[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) part[v] = 0.f;
+    if (ok) {
+#pragma unroll
+      for (int gi = r0 * kGpr; gi < (r0 + kGroup) * kGpr; ++gi) {
+        const int rl = gi / kGpr - r0;
+        const int li = gi - kR0 * kGpr;  // the group's index in acc
+        const float2 wv = *reinterpret_cast<const float2*>(&ws[8 * gi + 2 * quad]);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          float p = part[rl * 2 + hf];
+          p = fmaf(wv.x, fmaxf(acc[4 * li + 2 * hf], 0.f), p);
+          p = fmaf(wv.y, fmaxf(acc[4 * li + 2 * hf + 1], 0.f), p);
+          part[rl * 2 + hf] = p;
+        }
+      }
+    }
+    if constexpr (V >= 4) {
+      // Transposing reduction over the quad: lane (b1, b0) = (quad / 2, quad % 2)
+      // ends with the full sums of v = b1 * V / 2 + b0 * V / 4 + k, k < V / 4.
+      const bool b1 = (quad & 2) != 0, b0 = (quad & 1) != 0;
+      float q1[V / 2];
+#pragma unroll
+      for (int k = 0; k < V / 2; ++k) {
+        const float send = b1 ? part[k] : part[k + V / 2];
+        const float keep = b1 ? part[k + V / 2] : part[k];
+        q1[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+      }
+#pragma unroll
+      for (int k = 0; k < V / 4; ++k) {
+        const float send = b0 ? q1[k] : q1[k + V / 4];
+        const float keep = b0 ? q1[k + V / 4] : q1[k];
+        const float sum = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+        const int v = (b1 ? V / 2 : 0) + (b0 ? V / 4 : 0) + k;
+        store(r0 + (v >> 1), v & 1, sum);
+      }
+    } else {  // one row: two values; lanes 0 and 1 of each quad store
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        part[v] += __shfl_xor_sync(0xffffffffu, part[v], 1);
+        part[v] += __shfl_xor_sync(0xffffffffu, part[v], 2);
+      }
+      if (quad < 2) store(r0, quad, quad == 0 ? part[0] : part[1]);
+    }
+  }
+}
 
 // Shared memory of one CTA (offsets from a 1024-aligned base).
 template <int kN, int kRows>
@@ -210,7 +290,9 @@ struct Smem {
 
 // kEpilogue = false: the MMA-only measurement variant (no logits written; the bench hook
 // DSA_CUDA_LOGITS=wgmma_mma_only), to report the epilogue's share of the time.
-template <class Keys, int kHeads, int kRows, bool kEpilogue>
+// kOverlap: the variant whose MMA of each tile is issued in two halves so that the epilogue
+// overlaps the tensor cores (DSA_CUDA_LOGITS=wgmma_overlap; prefill row blocks).
+template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false>
 __global__ void __launch_bounds__(kThreads, 1)
     logits_wgmma_kernel(const Args a, const Keys keys, const __grid_constant__ CUtensorMap kmap,
                         const __grid_constant__ CUtensorMap smap) {
@@ -218,6 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kN = kHeads * kRows;
   static_assert(kN % 16 == 0 && kN <= kMaxN, "wgmma N");
   static_assert(kHeads % 8 == 0 && kRows <= 16, "row block");
+  static_assert(!kOverlap || (kEpilogue && kRows % 2 == 0 && kN % 32 == 0), "overlap halves: whole rows, wgmma N");
   using L = Smem<kN, kRows>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -278,7 +361,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t cw = wg - 1;          // this warpgroup takes tiles g with g % 2 == cw
   const int warp = (tid / 32) % 4, lane = tid % 32, quad = lane & 3;
   const uint64_t desc_b0 = hopper::smem_desc(qs, hopper::Swizzle::k128B, 16, 1024);
-  float acc[kN / 2];
+  // Default: one m64nkN accumulator. Overlap: two m64n(kN/2) halves (rows [0, kRows / 2) and
+  // the rest), the same registers in all.
+  constexpr int kHalfN = kN / 2, kHalfRows = kRows / 2;
+  float acc[kOverlap ? 1 : kN / 2];
+  float accA[kOverlap ? kHalfN / 2 : 1], accB[kOverlap ? kHalfN / 2 : 1];
+  (void)accA; (void)accB;
+  // Overlap: warpgroup 0 has the first turn (see turn_wait).
+  if constexpr (kOverlap)
+    if (cw == 1) turn_pass(1);
   uint32_t g = 0;
   for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
     const int64_t rb = item % a.row_blocks, chunk = item / a.row_blocks;
@@ -302,99 +393,87 @@ __global__ void __launch_bounds__(kThreads, 1)
     consumer_sync();
 
     auto get = [&](int i) { return rows_s[i]; };
+    const int key0 = 16 * warp + lane / 4;  // this thread's keys in a tile: key0, key0 + 8
+    // The valid columns of one tile's rows (store(row, half, sum); -inf on unresolvable pages).
+    auto store_tile = [&](const TileState& ts, int rr, int hf, float sum) {
+      if (!((ts.mask >> rr) & 1u)) return;
+      const RowInfo& ri = rows_s[rr];
+      const int64_t j = ts.t * kTileKeys + key0 + 8 * hf;
+      if (j < ri.lo || j >= ri.hi) return;
+      store_logit(a, row0 + rr, j - ri.base, ts.ok ? sum * (hf ? ts.sc1 : ts.sc0) : -CUDART_INF_F);
+    };
+    auto release = [&](uint32_t s) {
+      __syncwarp();
+      if (lane == 0) hopper::mbar_arrive(&empty[s]);  // this warp no longer reads the stage
+    };
     item_tiles(a, nrows, chunk, get, [&](int32_t seq, uint32_t mask, int64_t t) {
       if ((g & 1u) == cw) {
         const uint32_t s = g % kStages, ph = (g / kStages) & 1u;
         int64_t blk;
         const bool ok = keys.tile_block(seq, t, &blk);
-        const int key0 = 16 * warp + lane / 4;  // this thread's keys: key0, key0 + 8
         // A plain wait here (the bounded one costs the 128-accumulator variants spills): a
         // producer issuing more tiles than the consumers take traps on its empty-ring wait; the
         // reverse would hang, which the shared item_tiles order rules out.
         hopper::mbar_wait(&full[s], ph);
-        float sc0 = 0.f, sc1 = 0.f;  // the two keys' scales (read before the stage is released)
+        TileState cur{t, mask, s, ok, 0.f, 0.f};  // scales read before the stage is released
         if (kEpilogue && ok) {
-          sc0 = scales[s * kTileKeys + key0];
-          sc1 = scales[s * kTileKeys + key0 + 8];
+          cur.sc0 = scales[s * kTileKeys + key0];
+          cur.sc1 = scales[s * kTileKeys + key0 + 8];
         }
-        if (ok) {
-          const uint64_t desc_a0 = hopper::smem_desc(tiles + s * kTileBytes, hopper::Swizzle::k128B, 16, 1024);
-          hopper::wgmma_fence();
+        const uint64_t desc_a0 = hopper::smem_desc(tiles + s * kTileBytes, hopper::Swizzle::k128B, 16, 1024);
+        if constexpr (!kOverlap) {
+          if (ok) {
+            hopper::wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < kD / 32; ++k)
+              hopper::wgmma_e4m3_ss<kN>(acc, hopper::desc_advance(desc_a0, 32 * k), hopper::desc_advance(desc_b0, 32 * k),
+                                        k > 0 ? 1 : 0);
+            hopper::wgmma_commit();
+            hopper::wgmma_wait<0>();
+            hopper::fence_regs(acc);
+          }
+          release(s);
+          if constexpr (kEpilogue)
+            epilogue_rows<kHeads, 0, kRows>(acc, ws, quad, ok, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); });
+        } else {
+          // Two halves (rows [0, kRows / 2) and the rest), committed separately: half A's
+          // epilogue runs while half B is on the tensor cores. The warpgroups issue their tiles
+          // in turn (pingpong: a warpgroup issues after the other has issued its previous tile),
+          // so the tensor cores take one warpgroup's tile after the other's and each
+          // warpgroup's epilogue overlaps the other's MMA instead of both waiting in lockstep.
+          // Every wgmma and wait is unconditional (ptxas serialises all wgmma of the kernel
+          // when a wait sits in a divergent path, C7518): an unresolvable page's stage (not
+          // loaded) is multiplied too, and store_tile writes -inf for it.
+          turn_wait(cw);
+          hopper::wgmma_fence();  // the accumulators were read by the previous tile's epilogue
 #pragma unroll
           for (int k = 0; k < kD / 32; ++k)
-            hopper::wgmma_e4m3_ss<kN>(acc, hopper::desc_advance(desc_a0, 32 * k), hopper::desc_advance(desc_b0, 32 * k),
-                                      k > 0 ? 1 : 0);
+            hopper::wgmma_e4m3_ss<kHalfN>(accA, hopper::desc_advance(desc_a0, 32 * k), hopper::desc_advance(desc_b0, 32 * k),
+                                          k > 0 ? 1 : 0);
           hopper::wgmma_commit();
+#pragma unroll
+          for (int k = 0; k < kD / 32; ++k)
+            hopper::wgmma_e4m3_ss<kHalfN>(accB, hopper::desc_advance(desc_a0, 32 * k),
+                                          hopper::desc_advance(desc_b0, kHalfN * kD + 32 * k), k > 0 ? 1 : 0);
+          hopper::wgmma_commit();
+          turn_pass(cw);
+          hopper::wgmma_wait<1>();  // half A done; half B may still run
+          hopper::fence_regs(accA);
+          epilogue_rows<kHeads, 0, kHalfRows>(accA, ws, quad, true, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); });
           hopper::wgmma_wait<0>();
-          hopper::fence_regs(acc);
-        }
-        __syncwarp();
-        if (lane == 0) hopper::mbar_arrive(&empty[s]);  // this warp no longer reads the stage
-        if constexpr (kEpilogue) {
-          const int64_t jt = t * kTileKeys;
-          auto store = [&](int rr, int hf, float sum) {
-            if (!((mask >> rr) & 1u)) return;
-            const RowInfo& ri = rows_s[rr];
-            const int64_t j = jt + key0 + 8 * hf;
-            if (j < ri.lo || j >= ri.hi) return;
-            store_logit(a, row0 + rr, j - ri.base, ok ? sum * (hf ? sc1 : sc0) : -CUDART_INF_F);
-          };
-          // Rows in groups of kGroup (<= 4) to bound the live partial sums.
-          constexpr int kGroup = kRows < 4 ? kRows : 4;
-#pragma unroll
-          for (int r0 = 0; r0 < kRows; r0 += kGroup) {
-            // part[v], v = (rr - r0) * 2 + half: Σ over this thread's heads of w * relu(dot).
-            constexpr int V = 2 * kGroup;
-            constexpr int kGpr = kHeads / 8;  // 8-column groups per row
-            float part[V];
-#pragma unroll
-            for (int v = 0; v < V; ++v) part[v] = 0.f;
-            if (ok) {
-#pragma unroll
-              for (int gi = r0 * kGpr; gi < (r0 + kGroup) * kGpr; ++gi) {
-                const int rl = gi / kGpr - r0;
-                const float2 wv = *reinterpret_cast<const float2*>(&ws[8 * gi + 2 * quad]);
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                  float p = part[rl * 2 + hf];
-                  p = fmaf(wv.x, fmaxf(acc[4 * gi + 2 * hf], 0.f), p);
-                  p = fmaf(wv.y, fmaxf(acc[4 * gi + 2 * hf + 1], 0.f), p);
-                  part[rl * 2 + hf] = p;
-                }
-              }
-            }
-            if constexpr (V >= 4) {
-              // Transposing reduction over the quad: lane (b1, b0) = (quad / 2, quad % 2)
-              // ends with the full sums of v = b1 * V / 2 + b0 * V / 4 + k, k < V / 4.
-              const bool b1 = (quad & 2) != 0, b0 = (quad & 1) != 0;
-              float q1[V / 2];
-#pragma unroll
-              for (int k = 0; k < V / 2; ++k) {
-                const float send = b1 ? part[k] : part[k + V / 2];
-                const float keep = b1 ? part[k + V / 2] : part[k];
-                q1[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
-              }
-#pragma unroll
-              for (int k = 0; k < V / 4; ++k) {
-                const float send = b0 ? q1[k] : q1[k + V / 4];
-                const float keep = b0 ? q1[k + V / 4] : q1[k];
-                const float sum = keep + __shfl_xor_sync(0xffffffffu, send, 1);
-                const int v = (b1 ? V / 2 : 0) + (b0 ? V / 4 : 0) + k;
-                store(r0 + (v >> 1), v & 1, sum);
-              }
-            } else {  // one row: two values; lanes 0 and 1 of each quad store
-#pragma unroll
-              for (int v = 0; v < V; ++v) {
-                part[v] += __shfl_xor_sync(0xffffffffu, part[v], 1);
-                part[v] += __shfl_xor_sync(0xffffffffu, part[v], 2);
-              }
-              if (quad < 2) store(r0, quad, quad == 0 ? part[0] : part[1]);
-            }
-          }
+          hopper::fence_regs(accB);
+          release(s);
+          epilogue_rows<kHeads, kHalfRows, kHalfRows>(accB, ws, quad, true,
+                                                      [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); });
         }
       }
       ++g;
     });
+  }
+  if constexpr (kOverlap) {
+    // Turns pass once per tile (and once before the first): the warpgroup whose turn would be
+    // next takes the one unconsumed pass, so no named barrier is left incomplete at exit.
+    if ((g & 1u) == cw) turn_wait(cw);
   }
 #else
   (void)a; (void)keys; (void)kmap; (void)smap;

@@ -9,9 +9,11 @@ namespace dsa {
 namespace gpu {
 namespace logits_wg {
 
-// mma_only: the measurement variant without the epilogue (no logits written).
-StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, bool* served);
-StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool* served);
+// mma_only: the measurement variant without the epilogue (no logits written). overlap: the
+// variant that issues each tile's MMA in two halves so the epilogue runs under the tensor cores
+// (prefill row blocks; paged decode blocks keep the default kernel).
+StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, bool overlap, bool* served);
+StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool overlap, bool* served);
 
 }  // namespace logits_wg
 }  // namespace gpu

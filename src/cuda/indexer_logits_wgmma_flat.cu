@@ -8,7 +8,7 @@ namespace dsa {
 namespace gpu {
 namespace logits_wg {
 
-StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, bool* served) {
+StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, bool overlap, bool* served) {
   *served = false;
   const int64_t n = p.k.shape[0];
   if (p.q.shape[1] > 64 || n <= 0 || n > 0x7fffffffLL || !q_aligned(p.q)) return StatusCode::kOk;
@@ -46,6 +46,13 @@ StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, bool* served
     }
     a.rows_per_block = 4;
     return launch_kernel<FlatKeys, 64, 4, false>(a, keys, map, smap, s);
+  }
+  if (overlap) {  // the variant whose epilogue runs under the tensor cores (issue 10, round 3)
+    switch (hp) {
+      case 16: a.rows_per_block = prefill_rows(16); return launch_kernel<FlatKeys, 16, prefill_rows(16), true, true>(a, keys, map, smap, s);
+      case 32: a.rows_per_block = 8; return launch_kernel<FlatKeys, 32, 8, true, true>(a, keys, map, smap, s);
+      default: a.rows_per_block = 4; return launch_kernel<FlatKeys, 64, 4, true, true>(a, keys, map, smap, s);
+    }
   }
   switch (hp) {
     case 16: a.rows_per_block = prefill_rows(16); return launch_kernel<FlatKeys, 16, prefill_rows(16), true>(a, keys, map, smap, s);

@@ -72,7 +72,7 @@ inline void plan_chunks(Args* a, int sms) {
   a->items = a->row_blocks * a->chunks;
 }
 
-template <class Keys, int kHeads, int kRows, bool kEpilogue>
+template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false>
 StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s) {
   const int sms = current_sm_count();
   plan_chunks(&a, sms);
@@ -81,7 +81,7 @@ StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const
     logits_fill_invalid_kernel<Keys><<<static_cast<unsigned>(a.rows), 256, 0, s>>>(a, keys);
     return last_launch_status();
   }
-  auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue>;
+  auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue, kOverlap>;
   constexpr int smem = Smem<kHeads * kRows, kRows>::kAlloc;
   // The shared-memory opt-in is a property of the function on a device: set once per device
   // for each instantiation (not a stream operation, so capture is unaffected).

@@ -14,7 +14,7 @@ namespace {
 
 template <int kHeads>
 StatusCode launch_heads(Args a, const PagedKeys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s, bool decode,
-                        int64_t next_n) {
+                        int64_t next_n, bool overlap) {
   if (decode) {
     a.rows_per_block = next_n;
     if (next_n == 1) return launch_kernel<PagedKeys, kHeads, 1, true>(a, keys, map, smap, s);
@@ -22,12 +22,13 @@ StatusCode launch_heads(Args a, const PagedKeys& keys, const CUtensorMap& map, c
     return launch_kernel<PagedKeys, kHeads, 4, true>(a, keys, map, smap, s);
   }
   a.rows_per_block = prefill_rows(kHeads);
+  if (overlap) return launch_kernel<PagedKeys, kHeads, prefill_rows(kHeads), true, true>(a, keys, map, smap, s);
   return launch_kernel<PagedKeys, kHeads, prefill_rows(kHeads), true>(a, keys, map, smap, s);
 }
 
 }  // namespace
 
-StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool* served) {
+StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool overlap, bool* served) {
   *served = false;
   if (p.q.shape[1] > 64 || !q_aligned(p.q) || p.cache.page_size != kTileKeys) return StatusCode::kOk;
   const int64_t bb = p.cache.block_bytes();
@@ -67,9 +68,9 @@ StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool* served) {
   const bool decode = !keys.general && p.next_n <= 4;
   const cudaStream_t s = as_stream(p.stream);
   switch (padded_heads(a.heads)) {
-    case 16: return launch_heads<16>(a, keys, map, smap, s, decode, p.next_n);
-    case 32: return launch_heads<32>(a, keys, map, smap, s, decode, p.next_n);
-    default: return launch_heads<64>(a, keys, map, smap, s, decode, p.next_n);
+    case 16: return launch_heads<16>(a, keys, map, smap, s, decode, p.next_n, overlap);
+    case 32: return launch_heads<32>(a, keys, map, smap, s, decode, p.next_n, overlap);
+    default: return launch_heads<64>(a, keys, map, smap, s, decode, p.next_n, overlap);
   }
 }
 

@@ -40,6 +40,14 @@ std::string last_kernel_name_note(double rel) {
   return std::string("kernel '") + dsa::last_kernel_name() + (rel > 0 ? "' (fp8 wgmma tolerance)" : "' (exact-product tolerance)");
 }
 
+bool device_is_sm90();
+
+// DSA_CUDA_LOGITS=wgmma_overlap (the variant whose epilogue overlaps the MMA) is set.
+bool overlap_forced() {
+  const char* v = std::getenv("DSA_CUDA_LOGITS");
+  return v != nullptr && std::strcmp(v, "wgmma_overlap") == 0;
+}
+
 bool device_is_sm90() {
   int dev = 0;
   cudaDeviceProp prop{};
@@ -404,6 +412,10 @@ void run_paged_pair(const PagedCache& pc, const Queries& Q, int64_t next_n, cons
   gp.logits = dev_tensor(dout, DType::kF32, {R, W});
   DSA_ASSERT_OK(indexer_logits_paged(gp));
   out->rel = launched_rel();
+  if (overlap_forced() && H <= 64 && device_is_sm90() && (row_seq != nullptr || next_n > 4)) {
+    EXPECT_NE(std::strstr(dsa::last_kernel_name(), "wgmma_fp8_rows_overlap"), nullptr)
+        << "expected the overlap variant, ran " << last_kernel_name_note(out->rel);
+  }
   ASSERT_TRUE(device_clean());
   out->got = dout.download<float>();
   DSA_ASSERT_OK(indexer_logits_paged(gp));
@@ -443,8 +455,7 @@ TEST(GpuLogits, PagedDecodeLongContext128K) {
 }
 
 // General form: rows of a chunked prefill over a cached prefix, with invalid device rows.
-TEST(GpuLogits, PagedGeneralFormAndInvalidDeviceData) {
-  DSA_REQUIRE_GPU();
+static void paged_general_form_and_invalid_data() {
   Rng rng(500);
   const int64_t H = 32, W = 700, page = 64;
   PagedCache pc = make_paged(rng, {600, 450, 129}, page, 4);
@@ -497,6 +508,11 @@ TEST(GpuLogits, PagedGeneralFormAndInvalidDeviceData) {
       }
     }
   }
+}
+
+TEST(GpuLogits, PagedGeneralFormAndInvalidDeviceData) {
+  DSA_REQUIRE_GPU();
+  paged_general_form_and_invalid_data();
 }
 
 // Decode rows whose device kv_len is below next_n see no keys.
@@ -652,6 +668,10 @@ std::vector<float> flat_vs_oracle(int64_t H, int64_t N, const std::vector<int32_
   if (std::getenv("DSA_CUDA_LOGITS") == nullptr && H <= 64 && device_is_sm90()) {
     EXPECT_GT(rel, 0.0) << "expected the wgmma kernel on sm_90, ran " << last_kernel_name_note(rel);
   }
+  if (overlap_forced() && H <= 64 && device_is_sm90()) {
+    EXPECT_NE(std::strstr(dsa::last_kernel_name(), "wgmma_fp8_overlap"), nullptr) << "expected the overlap variant, ran "
+                                                                                  << last_kernel_name_note(rel);
+  }
   EXPECT_TRUE(device_clean());
   const std::vector<float> got = dout.download<float>();
   for (int64_t r = 0; r < M; ++r) {
@@ -690,8 +710,7 @@ void edge_ranges(int64_t N, int64_t M, Rng& rng, std::vector<int32_t>* ks, std::
 
 }  // namespace
 
-TEST(GpuLogits, WgmmaFlatTileEdgesMatchOracle) {
-  DSA_REQUIRE_GPU();
+static void wgmma_flat_tile_edges() {
   Rng rng(700);
   uint64_t seed = 701;
   for (int64_t H : {8, 16, 32, 64, 24}) {
@@ -714,6 +733,11 @@ TEST(GpuLogits, WgmmaFlatTileEdgesMatchOracle) {
   }
   flat_vs_oracle(64, 4097, ks, ke, 4200, 0, seed++);
   flat_vs_oracle(32, 4097, ks, ke, 4094, 0, seed++);
+}
+
+TEST(GpuLogits, WgmmaFlatTileEdgesMatchOracle) {
+  DSA_REQUIRE_GPU();
+  wgmma_flat_tile_edges();
 }
 
 // The FP32 math on the unquantised inputs (SPEC §3's loose reference): score error against
@@ -804,8 +828,7 @@ TEST(GpuLogits, WgmmaPagedDecodeSplitContexts) {
 
 // General form as the layer step uses it for prefill chunks: many causal rows per sequence,
 // row blocks that straddle two sequences, rows of length 0 and 1.
-TEST(GpuLogits, WgmmaPagedPrefillRows) {
-  DSA_REQUIRE_GPU();
+static void wgmma_paged_prefill_rows() {
   uint64_t seed = 780;
   for (int64_t H : {64, 32, 16, 8}) {
     SCOPED_TRACE(testing::Message() << "H " << H);
@@ -830,6 +853,11 @@ TEST(GpuLogits, WgmmaPagedPrefillRows) {
       ASSERT_TRUE(row_close(Q, r, &run.got[r * W], &run.ref[r * W], W, key_of, run.rel)) << "row " << r;
     }
   }
+}
+
+TEST(GpuLogits, WgmmaPagedPrefillRows) {
+  DSA_REQUIRE_GPU();
+  wgmma_paged_prefill_rows();
 }
 
 // Both kernels (wgmma and mma.sync) on the same inputs: the same -inf positions and scores
@@ -899,7 +927,7 @@ TEST(GpuLogits, WgmmaMmaOnlyHookRuns) {
 }
 
 // BF16 logits on the device: bit-equal to the f32 logits of the same kernel rounded to nearest
-// even, on both kernels (wgmma, mma.sync) and both key sources.
+// even, on the kernels (wgmma, its overlap variant on flat keys, mma.sync) and both key sources.
 TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
   DSA_REQUIRE_GPU();
   Rng rng(900);
@@ -919,7 +947,7 @@ TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
   gp.k_scale = dev_tensor(dsc, DType::kF32, {N});
   gp.ks = dev_tensor(dks, DType::kI32, {M});
   gp.ke = dev_tensor(dke, DType::kI32, {M});
-  for (const char* kernel : {"", "mma"}) {
+  for (const char* kernel : {"", "mma", "wgmma_overlap"}) {
     SCOPED_TRACE(kernel);
     std::unique_ptr<ScopedLogitsKernel> force;
     if (*kernel) force.reset(new ScopedLogitsKernel(kernel));
@@ -955,4 +983,24 @@ TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
   const std::vector<float> f = p32.download<float>();
   const std::vector<uint16_t> b = p16.download<uint16_t>();
   for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(b[i], float_to_bf16(f[i])) << i;
+}
+
+// The overlap variant of the wgmma kernel (DSA_CUDA_LOGITS=wgmma_overlap: each tile's MMA in two
+// halves, pingpong between the consumer warpgroups) on the default kernel's oracle tests: flat
+// tile edges (rows of length 0/1/63/64/65, ranges skipping tiles, row counts off the row block,
+// H 8/16/24/32/64, column tiles), a 128K-key context, paged prefill rows straddling sequences
+// and the general form with bad device data (unresolvable pages: -inf exactly). Same
+// tolerances (the kernel name carries "wgmma"); only on sm_90a, where the variant runs.
+TEST(GpuLogits, WgmmaOverlapVariantMatchesOracle) {
+  DSA_REQUIRE_GPU();
+  if (!device_is_sm90()) GTEST_SKIP() << "the overlap variant runs on sm_90a only";
+  ScopedLogitsKernel force("wgmma_overlap");
+  wgmma_flat_tile_edges();
+  if (::testing::Test::HasFailure()) return;
+  run_flat(FlatCase{64, {131072}, {2}, 131072, 0}, 333);
+  run_flat(FlatCase{32, {500, 129, 77}, {40, 129, 5}, 512, 0}, 302);  // prefix-cached, ragged
+  if (::testing::Test::HasFailure()) return;
+  wgmma_paged_prefill_rows();
+  if (::testing::Test::HasFailure()) return;
+  paged_general_form_and_invalid_data();
 }
