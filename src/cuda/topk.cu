@@ -96,6 +96,7 @@ StatusCode legacy_topk(const TopkParams& p) {
   return last_launch_status();
 }
 
+// kId..kId + 3: the smem_opt_in ids of this dtype's rows, segments, merge and fused kernels.
 template <class T, int kId>
 StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   namespace r = topk_radix;
@@ -185,7 +186,7 @@ StatusCode topk(const TopkParams& p) {
   if (M > 0x7fffffffLL) return StatusCode::kUnsupported;
   const Split sp = choose(p);
   if (sp.path == Path::kLegacy) return legacy_topk(p);
-  if (p.logits.dtype == DType::kBF16) return radix_topk<uint16_t, 3>(p, sp);
+  if (p.logits.dtype == DType::kBF16) return radix_topk<uint16_t, 4>(p, sp);  // ids 4-7: f32 takes 0-3
   return radix_topk<float, 0>(p, sp);
 }
 
