@@ -15,11 +15,15 @@ namespace gpu {
 
 namespace {
 
-// DSA_CUDA_TOPK=legacy selects the three-pass kernel for f32 logits (for A/B runs and diagnosis).
-bool legacy_forced() {
+// DSA_CUDA_TOPK=legacy selects the three-pass kernel for f32 logits (for A/B runs and diagnosis);
+// DSA_CUDA_TOPK=fused_split runs split rows in one launch (segments, then the row's last block
+// merges) instead of the segments and merge launches, until the H200 has checked it.
+bool topk_env_is(const char* value) {
   const char* v = std::getenv("DSA_CUDA_TOPK");
-  return v != nullptr && std::strcmp(v, "legacy") == 0;
+  return v != nullptr && std::strcmp(v, value) == 0;
 }
+bool legacy_forced() { return topk_env_is("legacy"); }
+bool fused_split_forced() { return topk_env_is("fused_split"); }
 
 // Resident blocks the split aims at: two per SM of the current device.
 int64_t block_slots() { return 2 * static_cast<int64_t>(current_sm_count()); }
@@ -32,7 +36,7 @@ int64_t most_segs(int64_t W, int64_t k) {
   return std::max<int64_t>(1, std::min(by_len, by_merge));
 }
 
-enum class Path { kLegacy, kRows, kSplit };
+enum class Path { kLegacy, kRows, kSplit, kFusedSplit };
 struct Split {
   Path path;
   int64_t segs, seg;
@@ -47,10 +51,15 @@ Split choose(const TopkParams& p) {
   const int64_t seg = ceil_div(ceil_div(W, segs), 64) * 64;  // keeps 16-byte alignment
   segs = ceil_div(W, seg);
   if (segs <= 1) return {Path::kRows, 1, W};
-  return {Path::kSplit, segs, seg};
+  return {fused_split_forced() ? Path::kFusedSplit : Path::kSplit, segs, seg};
 }
 
-size_t split_bytes(int64_t blocks, int64_t k) { return static_cast<size_t>(blocks * k) * 8 + 256; }
+// The slot lists (blocks * k values and positions), then one done-counter per row (the fused
+// split's; counted for both split paths so the size does not depend on the environment), and
+// the 256-byte alignment slack.
+size_t split_bytes(int64_t blocks, int64_t k, int64_t rows) {
+  return static_cast<size_t>(blocks * k) * 8 + static_cast<size_t>(rows) * 4 + 256;
+}
 
 // The dynamic shared memory of the streaming kernels exceeds 48 KiB: opt in once per kernel and
 // device (not a stream operation, so graph capture is unaffected).
@@ -87,6 +96,7 @@ StatusCode legacy_topk(const TopkParams& p) {
   return last_launch_status();
 }
 
+// kId..kId + 3: the smem_opt_in ids of this dtype's rows, segments, merge and fused kernels.
 template <class T, int kId>
 StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   namespace r = topk_radix;
@@ -118,10 +128,22 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   // The merge is one block's run (its position bitmap holds kMaxRun slots): rows wider than
   // kMaxRun * kMaxRun / k (over 1M keys at k = 16384) are not supported.
   if (sp.segs * p.k > r::kMaxRun) return StatusCode::kUnsupported;
-  if (p.workspace_bytes < split_bytes(blocks, p.k) || p.workspace == nullptr) return StatusCode::kWorkspaceTooSmall;
+  if (p.workspace_bytes < split_bytes(blocks, p.k, M) || p.workspace == nullptr) return StatusCode::kWorkspaceTooSmall;
   const uintptr_t base = (reinterpret_cast<uintptr_t>(p.workspace) + 255u) & ~static_cast<uintptr_t>(255u);
   a.ws_val = reinterpret_cast<float*>(base);
   a.ws_idx = reinterpret_cast<int32_t*>(a.ws_val + blocks * p.k);
+  if (sp.path == Path::kFusedSplit) {
+    if (!smem_opt_in<kId + 3>(reinterpret_cast<const void*>(&r::topk_fused_split_kernel<T>)))
+      return StatusCode::kDeviceError;
+    // The caller's workspace holds anything: the row counters are zeroed here (a memset node
+    // under graph capture) rather than trusted to be left zero by the previous run.
+    unsigned* row_done = reinterpret_cast<unsigned*>(a.ws_idx + blocks * p.k);
+    if (cudaMemsetAsync(row_done, 0, static_cast<size_t>(M) * sizeof(unsigned), s) != cudaSuccess)
+      return StatusCode::kDeviceError;
+    note_kernel("topk.fused_split");
+    r::topk_fused_split_kernel<T><<<static_cast<unsigned>(blocks), r::kThreads, smem, s>>>(a, row_done);
+    return last_launch_status();
+  }
   if (!smem_opt_in<kId + 1>(reinterpret_cast<const void*>(&r::topk_segments_kernel<T>)) ||
       !smem_opt_in<kId + 2>(reinterpret_cast<const void*>(&r::topk_merge_kernel<T>)))
     return StatusCode::kDeviceError;
@@ -140,13 +162,14 @@ size_t topk_workspace_size(const TopkParams& p) {
   const int64_t M = p.logits.shape[0], W = p.logits.shape[1], k = p.k;
   if (M <= 0 || W <= k) return 0;
   if (std::max(forced_segs(W), most_segs(W, k)) <= 1) return 0;
-  return split_bytes(std::max(M * forced_segs(W), std::min(block_slots(), M * most_segs(W, k))), k);
+  return split_bytes(std::max(M * forced_segs(W), std::min(block_slots(), M * most_segs(W, k))), k, M);
 }
 
 const char* topk_kernel_name(const TopkParams& p) {
   switch (choose(p).path) {
     case Path::kLegacy: return "topk.radix12";
     case Path::kRows: return "topk.stream_rows";
+    case Path::kFusedSplit: return "topk.fused_split";
     default: return "topk.stream_split";
   }
 }
@@ -163,7 +186,7 @@ StatusCode topk(const TopkParams& p) {
   if (M > 0x7fffffffLL) return StatusCode::kUnsupported;
   const Split sp = choose(p);
   if (sp.path == Path::kLegacy) return legacy_topk(p);
-  if (p.logits.dtype == DType::kBF16) return radix_topk<uint16_t, 3>(p, sp);
+  if (p.logits.dtype == DType::kBF16) return radix_topk<uint16_t, 4>(p, sp);  // ids 4-7: f32 takes 0-3
   return radix_topk<float, 0>(p, sp);
 }
 

@@ -64,11 +64,17 @@ __device__ __forceinline__ uint32_t f32_bits(uint16_t v) { return static_cast<ui
 
 // A run of keys: positions [0, len). Merge lists (kMerge) are [segs, k] slots of which slot
 // j is valid iff j % k < min(k, clamp(row_len - (j / k) * seg, 0, seg)).
-template <class T, bool kMerge>
+// kL2: loads bypass L1 (ld.global.cg): the fused split's merging block reads slots that other
+// blocks of the same launch wrote, which a non-coherent L1 line could hold stale.
+template <class T, bool kMerge, bool kL2 = false>
 struct Run {
   const T* x;
   int64_t len;
   int64_t k = 0, seg = 0, row_len = 0;
+  __device__ __forceinline__ uint4 vec(const uint4* p) const {
+    if (kL2) return __ldcg(p);
+    return *p;
+  }
   __device__ __forceinline__ bool valid(int64_t j) const {
     if (!kMerge) return true;
     // Merge lists hold at most kMaxRun slots and k <= 16384: a 32-bit division (the 64-bit one
@@ -79,7 +85,10 @@ struct Run {
     n = n < 0 ? 0 : (n > seg ? seg : n);
     return l < (n < k ? n : k);
   }
-  __device__ __forceinline__ uint32_t bits(int64_t j) const { return f32_bits(x[j]); }
+  __device__ __forceinline__ uint32_t bits(int64_t j) const {
+    if (kL2) return f32_bits(__ldcg(x + j));
+    return f32_bits(x[j]);
+  }
 };
 
 // Calls f(bits, pos, ok) for every position of the run (order unspecified), the same number of
@@ -105,7 +114,7 @@ __device__ __forceinline__ void visit(const R& r, bool backwards, F&& f) {
 #pragma unroll
     for (int u = 0; u < kUnr; ++u) {
       ok[u] = base + u * kThreads < nvec;
-      v[u] = ok[u] ? xv[base + u * kThreads] : make_uint4(0u, 0u, 0u, 0u);
+      v[u] = ok[u] ? r.vec(xv + base + u * kThreads) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < kUnr; ++u) {
@@ -187,7 +196,7 @@ __device__ __forceinline__ void stream_append(const R& r, uint32_t thr, uint32_t
 #pragma unroll
     for (int u = 0; u < kUnr; ++u) {
       ok[u] = base + u * kThreads < nvec;
-      v[u] = ok[u] ? xv[base + u * kThreads] : make_uint4(0u, 0u, 0u, 0u);
+      v[u] = ok[u] ? r.vec(xv + base + u * kThreads) : make_uint4(0u, 0u, 0u, 0u);
     }
     uint32_t take = 0;
 #pragma unroll
@@ -656,6 +665,59 @@ __global__ void __launch_bounds__(kThreads, 2) topk_merge_kernel(Args a) {
   block_topk(r, static_cast<uint32_t>(a.k), reinterpret_cast<uint8_t*>(dyn_smem), sh,
              [&](uint32_t slot, int64_t pos, uint32_t b) {
                idx[slot] = wi[pos];
+               if (val) val[slot] = __uint_as_float(b);
+             });
+}
+
+// Split rows in one launch (DSA_CUDA_TOPK=fused_split): block (row, s) writes its segment's
+// winners as topk_segments_kernel does, then counts itself done on the row's counter
+// (zeroed by the launcher before the launch); the row's last block to finish merges the row's
+// slot lists as topk_merge_kernel does. Saves the second launch, and each row merges as soon
+// as its own segments are done instead of after the slowest segment of the grid.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) topk_fused_split_kernel(Args a, unsigned* row_done) {
+  extern __shared__ uint4 dyn_smem[];
+  __shared__ Shared sh;
+  __shared__ int last;
+  const int64_t row = blockIdx.x / a.segs, s = blockIdx.x % a.segs;
+  const int64_t L = row_length(a, row);
+  if (L <= a.k) {  // block-uniform: no block of this row counts, segment 0 writes the identity
+    if (s == 0) identity_row<T>(a, row, L);
+    return;
+  }
+  int64_t n = L - s * a.seg;
+  n = n < 0 ? 0 : (n > a.seg ? a.seg : n);
+  const T* x = static_cast<const T*>(a.logits) + row * a.l0 + s * a.seg;
+  float* wv = a.ws_val + (row * a.segs + s) * a.k;
+  int32_t* wi = a.ws_idx + (row * a.segs + s) * a.k;
+  const int64_t base = s * a.seg;
+  if (n <= a.k) {
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+      wv[j] = load_f32(x, j);
+      wi[j] = static_cast<int32_t>(base + j);
+    }
+  } else {
+    Run<T, false> r{x, n};
+    block_topk(r, static_cast<uint32_t>(a.k), reinterpret_cast<uint8_t*>(dyn_smem), sh,
+               [&](uint32_t slot, int64_t pos, uint32_t b) {
+                 wv[slot] = __uint_as_float(b);
+                 wi[slot] = static_cast<int32_t>(base + pos);
+               });
+  }
+  // Every thread's slot writes are made device-visible before the block counts itself done.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&row_done[row], 1u) == static_cast<unsigned>(a.segs - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // order the counter read before the slot reads (which go to L2: Run kL2)
+  int32_t* idx = a.indices + row * a.i0;
+  float* val = a.values ? a.values + row * a.v0 : nullptr;
+  const int32_t* mwi = a.ws_idx + row * a.segs * a.k;
+  Run<float, true, true> r{a.ws_val + row * a.segs * a.k, a.segs * a.k, a.k, a.seg, L};
+  block_topk(r, static_cast<uint32_t>(a.k), reinterpret_cast<uint8_t*>(dyn_smem), sh,
+             [&](uint32_t slot, int64_t pos, uint32_t b) {
+               idx[slot] = __ldcg(mwi + pos);
                if (val) val[slot] = __uint_as_float(b);
              });
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -348,6 +349,62 @@ TEST(GpuTopk, Bf16Rows) {
   run_topk_same(rng, 7, 5003, 2048, {0, 1, 2047, 2048, 2049, 5003, 5001}, Fill::kNormal, true, true);
   run_topk_same(rng, 6, 40001, 2048, {40001, 40000, 39999, 2049, 30000, 12345}, Fill::kSpecials, true, true);
   run_topk_same(rng, 300, 9001, 64, std::vector<int32_t>(300, 9001), Fill::kNormal, true, true);
+}
+
+// DSA_CUDA_TOPK=fused_split: split rows in one launch (the row's last segment block merges).
+// The same exactness as the two-launch split at its edge shapes: lengths around k, empty and
+// one-key rows, ties, specials, one-bucket floods, 1M-key rows, bf16; reruns bit-identical.
+// Plain CUDA, so it runs on every device the suite runs on.
+struct ScopedTopkKernel {
+  explicit ScopedTopkKernel(const char* v) { setenv("DSA_CUDA_TOPK", v, 1); }
+  ~ScopedTopkKernel() { unsetenv("DSA_CUDA_TOPK"); }
+};
+
+TEST(GpuTopk, FusedSplitMatchesAtEdgeShapes) {
+  DSA_REQUIRE_GPU();
+  ScopedTopkKernel force("fused_split");
+  Rng rng(31);
+  for (int64_t k : {64, 2048, 16384}) {
+    const int64_t W = std::max<int64_t>(32768, std::min<int64_t>(16 * k, 131072));
+    const std::vector<int32_t> len = {static_cast<int32_t>(W), 0, 1, static_cast<int32_t>(k - 1), static_cast<int32_t>(k),
+                                      static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 1), static_cast<int32_t>(W / 2 + 3)};
+    EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kNormal), "topk.fused_split") << k;
+    EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kFewLevels, false), "topk.fused_split") << k;
+    EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kSpecials, true, true), "topk.fused_split") << k;
+  }
+  // The benchmark shape (64 x 65536, k 2048), every row a different length class.
+  std::vector<int32_t> len64(64);
+  for (int i = 0; i < 64; ++i) len64[i] = i % 4 == 0 ? 65536 : (i % 4 == 1 ? 65536 - i : (i % 4 == 2 ? 2049 + 997 * i : 2047 + i % 3));
+  EXPECT_EQ(run_topk_same(rng, 64, 65536, 2048, len64, Fill::kNormal, false), "topk.fused_split");
+  // Adversarial rows of 100000 keys: all equal, a 100K flood of one 12-bit bucket, last-bit
+  // differences, a few above a flood, +-0, -inf runs, NaN.
+  const int64_t W = 100000, M = 7;
+  std::vector<float> x(static_cast<size_t>(M * W));
+  for (int64_t j = 0; j < W; ++j) {
+    x[j] = 0.75f;
+    x[W + j] = 1.f + std::ldexp(static_cast<float>(rng.integer(0, (1 << 20) - 1)), -23);
+    x[2 * W + j] = j % 2 ? std::nextafter(1.5f, 2.f) : 1.5f;
+    x[3 * W + j] = (j % 9973 == 17) ? 3.f + static_cast<float>(j % 5) : 0.25f;
+    x[4 * W + j] = (j % 3 == 0) ? -0.f : (j % 3 == 1 ? 0.f : -1.f);
+    x[5 * W + j] = (j / 700) % 2 ? -kInf : static_cast<float>(rng.integer(-2, 2));
+    x[6 * W + j] = j % 4 == 0 ? std::numeric_limits<float>::quiet_NaN() : (j % 4 == 1 ? -kInf : rng.normal());
+  }
+  for (int64_t k : {64, 2048}) {
+    const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W), static_cast<int32_t>(W - 1),
+                                      static_cast<int32_t>(W), static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 3),
+                                      static_cast<int32_t>(W)};
+    EXPECT_EQ(run_topk(x, M, W, k, len, len, true), "topk.fused_split") << k;
+    EXPECT_EQ(run_topk(x, M, W, k, len, len, true, true), "topk.fused_split") << k;
+  }
+  // Rows of 1,048,576 keys (8 or more segments per row).
+  const int64_t WM = 1048576;
+  const std::vector<int32_t> lm = {static_cast<int32_t>(WM), static_cast<int32_t>(WM - 7), 131073};
+  EXPECT_EQ(run_topk_same(rng, 3, WM, 2048, lm, Fill::kNormal), "topk.fused_split");
+  EXPECT_EQ(run_topk_same(rng, 3, WM, 2048, lm, Fill::kNormal, true, true), "topk.fused_split");
+  EXPECT_EQ(run_topk_same(rng, 2, WM, 16384, {static_cast<int32_t>(WM), 600000}, Fill::kNormal), "topk.fused_split");
+  EXPECT_EQ(run_topk_same(rng, 2, WM, 2048, {static_cast<int32_t>(WM), 900000}, Fill::kFewLevels), "topk.fused_split");
+  // Rows the split never takes keep their kernel under the switch.
+  EXPECT_EQ(run_topk_same(rng, 3, 5000, 2048, {5000, 4097, 2049}, Fill::kNormal), "topk.stream_rows");
 }
 
 // The planner sizes a chunk's scratch for its largest row count and reuses it for fewer rows:
