@@ -174,23 +174,41 @@ StatusCode launch_sparse_sm90(Kernel kernel, int smem_bytes, std::atomic<uint64_
   return last_launch_status();
 }
 
-template <int kKv>
-StatusCode launch_sparse_wgmma(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
+// kAsync: the producer releases tiles with cp.async-tracked mbarrier arrivals (DSA_SPARSE_KERNEL=
+// async_gather; mla_attention_sm90_kernels.cuh, produce()).
+template <int kKv, bool kAsync>
+StatusCode launch_sparse_wgmma_as(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
   static std::atomic<uint64_t> done64{0}, done8{0}, done16{0}, done32{0};
   namespace s9 = mla::sm90;
-  const char* few = "sparse_mla.wgmma_bf16_few_heads";
-  const char* few_split = "sparse_mla.wgmma_bf16_few_heads+combine";
+  const char* few = kAsync ? "sparse_mla.wgmma_bf16_few_heads_async" : "sparse_mla.wgmma_bf16_few_heads";
+  const char* few_split =
+      kAsync ? "sparse_mla.wgmma_bf16_few_heads_async+combine" : "sparse_mla.wgmma_bf16_few_heads+combine";
   if (pr.H <= 8)
-    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 8>, s9::FewHeadsLayout<8>::kSmemBytes, done8,
-                              few, few_split, pr, plan, stream);
+    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 8, kAsync>, s9::FewHeadsLayout<8>::kSmemBytes,
+                              done8, few, few_split, pr, plan, stream);
   if (pr.H <= 16)
-    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 16>, s9::FewHeadsLayout<16>::kSmemBytes,
-                              done16, few, few_split, pr, plan, stream);
+    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 16, kAsync>,
+                              s9::FewHeadsLayout<16>::kSmemBytes, done16, few, few_split, pr, plan, stream);
   if (pr.H <= 32)
-    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 32>, s9::FewHeadsLayout<32>::kSmemBytes,
-                              done32, few, few_split, pr, plan, stream);
-  return launch_sparse_sm90(s9::sparse_mla_wgmma_kernel<kKv>, s9::kSmemBytes, done64, "sparse_mla.wgmma_bf16",
-                            "sparse_mla.wgmma_bf16+combine", pr, plan, stream);
+    return launch_sparse_sm90(s9::sparse_mla_wgmma_few_heads_kernel<kKv, 32, kAsync>,
+                              s9::FewHeadsLayout<32>::kSmemBytes, done32, few, few_split, pr, plan, stream);
+  return launch_sparse_sm90(s9::sparse_mla_wgmma_kernel<kKv, kAsync>, s9::kSmemBytes, done64,
+                            kAsync ? "sparse_mla.wgmma_bf16_async" : "sparse_mla.wgmma_bf16",
+                            kAsync ? "sparse_mla.wgmma_bf16_async+combine" : "sparse_mla.wgmma_bf16+combine", pr,
+                            plan, stream);
+}
+
+// DSA_SPARSE_KERNEL=async_gather selects the Hopper variant whose producer never waits for its
+// own copies (until the H200 has checked it; default off). Read per call so tests can switch it.
+bool sparse_async_gather() {
+  const char* v = std::getenv("DSA_SPARSE_KERNEL");
+  return v != nullptr && std::strcmp(v, "async_gather") == 0;
+}
+
+template <int kKv>
+StatusCode launch_sparse_wgmma(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
+  return sparse_async_gather() ? launch_sparse_wgmma_as<kKv, true>(pr, plan, stream)
+                               : launch_sparse_wgmma_as<kKv, false>(pr, plan, stream);
 }
 
 // DSA_FORCE_KERNEL=mma_sync keeps the mma.sync kernel on sm_90a too (tests compare the two;
@@ -281,6 +299,8 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
 const char* sparse_mla_kernel_name(const SparseMlaParams& p) {
   if (decode::sparse_chosen(p)) return "sparse_mla.wgmma_fp8_splitkv";
   if (!sparse_uses_wgmma(p, forced_mma_sync())) return "sparse_mla.mma_sync";
+  if (sparse_async_gather())
+    return p.q.shape[1] <= 32 ? "sparse_mla.wgmma_bf16_few_heads_async" : "sparse_mla.wgmma_bf16_async";
   return p.q.shape[1] <= 32 ? "sparse_mla.wgmma_bf16_few_heads" : "sparse_mla.wgmma_bf16";
 }
 

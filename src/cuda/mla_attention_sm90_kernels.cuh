@@ -150,7 +150,14 @@ __device__ __forceinline__ const uint8_t* key_row(const Problem& p, int64_t slot
 // consecutive tiles overlap (the bytes in flight never drain to zero between tiles). Used where
 // the producer is the bottleneck (few heads: consumers take alternate buffers and finish fast);
 // where the consumers are (64 heads), it would add the next tile's issue time to their wait.
-template <int kKv, int kQRows, bool kDefer = false>
+// kAsync (DSA_SPARSE_KERNEL=async_gather): no wait on the producer's own copies. Each part's
+// release is a cp.async-tracked arrival (hopper::cp_async_mbar_arrive_noinc), so the producer
+// issues tile it + 1 as soon as its buffer is free instead of after tile it landed: two tiles'
+// bytes in flight instead of one, the gather no longer drains to zero between tiles. full[b]
+// then counts 256 arrivals (128 tracked + 128 ordinary ones that publish the valid flags),
+// full_b[b] 128 tracked ones. kDefer is ignored. The consumers fence the async proxy after
+// their waits (the producer cannot: it never sees its copies complete).
+template <int kKv, int kQRows, bool kDefer = false, bool kAsync = false>
 __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys, int32_t begin, int32_t end,
                                         int32_t n_tiles, int t, int h0, int nh, uint8_t* sQ, uint8_t* sK,
                                         int* sValid, int* sAny, uint64_t* bar_full, uint64_t* bar_full_b,
@@ -206,7 +213,14 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
       }
       if (sub == 0) sValid[buf * 64 + r] = ok ? 1 : 0;
     }
-    cp_async_commit_group();
+    if (kAsync) {
+      hopper::cp_async_mbar_arrive_noinc(&bar_full[buf]);
+      // The flags before the second part's issue, so full[b] does not wait on it.
+      const unsigned early = __ballot_sync(0xffffffffu, any);
+      if ((tid & 31) == 0) sAny[buf * 4 + (tid >> 5)] = early != 0u ? 1 : 0;
+      hopper::mbar_arrive(&bar_full[buf]);  // release semantics: sValid and sAny
+    }
+    if (!kAsync) cp_async_commit_group();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = grp + 16 * j;
@@ -218,11 +232,16 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
         cp_async16_keep(hopper::smem_addr(dst + swz_offset(r, ch)), ok ? src + ch * 16 : p.kv.base, ok ? 16 : 0, pol);
       }
     }
-    cp_async_commit_group();
-    const unsigned ballot = __ballot_sync(0xffffffffu, any);
-    if ((tid & 31) == 0) sAny[buf * 4 + (tid >> 5)] = ballot != 0u ? 1 : 0;
+    if (kAsync) hopper::cp_async_mbar_arrive_noinc(&bar_full_b[buf]);
+    if (!kAsync) cp_async_commit_group();
+    if (!kAsync) {
+      const unsigned ballot = __ballot_sync(0xffffffffu, any);
+      if ((tid & 31) == 0) sAny[buf * 4 + (tid >> 5)] = ballot != 0u ? 1 : 0;
+    }
     if (it + 1 < n_tiles) load_slots(it + 1, slot);
-    if (!kDefer) {
+    if (kAsync) {
+      // nothing to wait for: the tracked arrivals release the tile
+    } else if (!kDefer) {
       cp_async_wait_group<1>();
       hopper::fence_async_smem();
       hopper::mbar_arrive(&bar_full[buf]);  // release: the first K blocks and the flags
@@ -238,7 +257,9 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
       hopper::mbar_arrive(&bar_full_b[buf ^ 1]);
     }
   }
-  if (kDefer) {  // the last tile
+  if (kAsync) {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives the producer thread
+  } else if (kDefer) {  // the last tile
     const int buf = (n_tiles - 1) & 1;
     cp_async_wait_group<1>();
     hopper::fence_async_smem();
@@ -249,7 +270,7 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
   }
 }
 
-template <int kKv>
+template <int kKv, bool kAsync = false>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Problem p) {
 #if DSA_HOPPER_DEVICE
   extern __shared__ uint8_t smem_raw[];
@@ -281,8 +302,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
   const int32_t n_tiles = end > begin ? (end - begin + kTileKeys - 1) / kTileKeys : 0;
 
   if (tid == 0) {
-    hopper::mbar_init(&bar_full[0], 128);
-    hopper::mbar_init(&bar_full[1], 128);
+    hopper::mbar_init(&bar_full[0], kAsync ? 256 : 128);
+    hopper::mbar_init(&bar_full[1], kAsync ? 256 : 128);
     hopper::mbar_init(&bar_empty[0], 256);
     hopper::mbar_init(&bar_empty[1], 256);
     hopper::mbar_init(bar_q, 128);
@@ -294,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
 
   if (wg == 0) {
     hopper::regs_decrease<kProducerRegs>();
-    produce<kKv, kTileHeads>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_full_b, bar_empty, bar_q);
+    produce<kKv, kTileHeads, false, kAsync>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_full_b, bar_empty, bar_q);
     return;
   }
 
@@ -316,6 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
   for (int32_t it = 0; it < n_tiles; ++it) {
     const int buf = it & 1;
     hopper::mbar_wait(&bar_full[buf], (it >> 1) & 1);
+    if (kAsync) hopper::fence_async_smem();  // the gathered rows, before wgmma reads them
     const int* valid = sValid + buf * 64;
     const bool any = (sAny[buf * 4] | sAny[buf * 4 + 1] | sAny[buf * 4 + 2] | sAny[buf * 4 + 3]) != 0;
     if (!any) {  // uniform across both consumers: same flags
@@ -338,6 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
       if (kk == kFirstKSteps) {  // the rest of the tile: the first k-steps run meanwhile
         hopper::wgmma_commit();
         hopper::mbar_wait(&bar_full_b[buf], (it >> 1) & 1);
+        if (kAsync) hopper::fence_async_smem();
         hopper::wgmma_fence();
       }
       hopper::wgmma_bf16_ss<32, 0, 0>(s, da, db, kk > 0 ? 1 : 0);
@@ -532,7 +555,7 @@ struct FewHeadsLayout {
 constexpr int kBarColMax = 4;  // + consumer
 constexpr int kBarPt = 6;      // + consumer
 
-template <int kKv, int kN>
+template <int kKv, int kN, bool kAsync = false>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel(const Problem p) {
 #if DSA_HOPPER_DEVICE
   using L = FewHeadsLayout<kN>;
@@ -565,8 +588,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
   const int32_t n_tiles = end > begin ? (end - begin + kTileKeys - 1) / kTileKeys : 0;
 
   if (tid == 0) {
-    hopper::mbar_init(&bar_full[0], 128);
-    hopper::mbar_init(&bar_full[1], 128);
+    hopper::mbar_init(&bar_full[0], kAsync ? 256 : 128);
+    hopper::mbar_init(&bar_full[1], kAsync ? 256 : 128);
     hopper::mbar_init(&bar_empty[0], 128);  // buffer c is consumed by consumer c alone
     hopper::mbar_init(&bar_empty[1], 128);
     hopper::mbar_init(bar_q, 128);
@@ -578,7 +601,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
 
   if (wg == 0) {
     hopper::regs_decrease<kProducerRegs>();
-    produce<kKv, kN, true>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_full_b, bar_empty, bar_q);
+    produce<kKv, kN, true, kAsync>(p, keys, begin, end, n_tiles, t, h0, nh, sQ, sK, sValid, sAny, bar_full, bar_full_b, bar_empty, bar_q);
     return;
   }
 
@@ -608,6 +631,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
   if (n_tiles > c) hopper::mbar_wait(bar_q, 0);
   for (int32_t it = c; it < n_tiles; it += 2) {
     hopper::mbar_wait(&bar_full[c], (it >> 1) & 1);
+    if (kAsync) hopper::fence_async_smem();  // the gathered rows, before wgmma reads them
     const int* valid = sValid + c * 64;
     const bool any = (sAny[c * 4] | sAny[c * 4 + 1] | sAny[c * 4 + 2] | sAny[c * 4 + 3]) != 0;
     if (!any) {
@@ -626,6 +650,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
       if (kk == kFirstKSteps) {  // the rest of the tile: the first k-steps run meanwhile
         hopper::wgmma_commit();
         hopper::mbar_wait(&bar_full_b[c], (it >> 1) & 1);
+        if (kAsync) hopper::fence_async_smem();
         hopper::wgmma_fence();
       }
       hopper::wgmma_bf16_ss<kN, 0, 0>(s, da, db, kk > 0 ? 1 : 0);

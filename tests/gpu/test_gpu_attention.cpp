@@ -754,6 +754,13 @@ struct ForceMmaSync {
   ~ForceMmaSync() { unsetenv("DSA_FORCE_KERNEL"); }
 };
 
+// DSA_SPARSE_KERNEL=async_gather: the Hopper variant whose producer releases tiles with
+// cp.async-tracked mbarrier arrivals (same arithmetic as the default wgmma kernels).
+struct ScopedSparseKernel {
+  explicit ScopedSparseKernel(const char* v) { setenv("DSA_SPARSE_KERNEL", v, 1); }
+  ~ScopedSparseKernel() { unsetenv("DSA_SPARSE_KERNEL"); }
+};
+
 bool device_is_sm90() {
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
@@ -798,6 +805,23 @@ void check_both_kernels(const HostKv& kv, const SparseInputs& in, const Ref& ref
   }
   expect_matches(b, ref, 2.0, (what + ": mma.sync kernel").c_str());
   expect_backends_agree(a, b, ref, 3.0, (what + ": default vs mma.sync").c_str());
+  // The async-gather variant (sm_90a BF16 caches only; elsewhere the switch changes nothing):
+  // the same reference and tolerance, repeatable, and bit-identical to the default kernel,
+  // whose arithmetic it shares (only the producer's release of the key tiles differs).
+  const std::string def = expected_kernel(kv, in.q.H);
+  if (def == "sparse_mla.mma_sync") return;
+  ScopedSparseKernel async("async_gather");
+  const std::string want = def + "_async";
+  EXPECT_EQ(std::string(kernel_for(kv, in)), want) << what;
+  const Result c = run_sparse(kv, in, true, os);
+  launched = dsa::last_kernel_name();
+  launched = launched.substr(0, launched.find('+'));
+  EXPECT_EQ(launched, want) << what;
+  expect_matches(c, ref, 2.0, (what + ": async-gather kernel").c_str());
+  const Result c2 = run_sparse(kv, in, true, os);
+  EXPECT_TRUE(c.raw == c2.raw) << what << ": async-gather repeated runs differ";
+  EXPECT_TRUE(c.raw == a.raw) << what << ": async-gather differs from the default kernel";
+  EXPECT_EQ(0, std::memcmp(c.lse.data(), a.lse.data(), a.lse.size() * 4)) << what << ": async-gather lse differ";
 }
 
 TEST(GpuSparseMlaWgmma, KernelChoice) {
@@ -820,6 +844,15 @@ TEST(GpuSparseMlaWgmma, KernelChoice) {
     ForceMmaSync force;
     EXPECT_STREQ(kernel_for(flat, in), "sparse_mla.mma_sync");
     EXPECT_STREQ(kernel_for(fp8, in), "sparse_mla.mma_sync");
+  }
+  if (device_is_sm90()) {
+    ScopedSparseKernel async("async_gather");
+    EXPECT_STREQ(kernel_for(flat, in), "sparse_mla.wgmma_bf16_async");
+    EXPECT_STREQ(kernel_for(fp8, in), "sparse_mla.wgmma_fp8_splitkv");  // the switch is BF16-only
+    SparseInputs few;
+    few.q = make_q(1, 16, 1);
+    few.K = 4;
+    EXPECT_STREQ(kernel_for(flat, few), "sparse_mla.wgmma_bf16_few_heads_async");
   }
   in.q.s1 = D + 3;  // queries without 16-byte rows stay on mma.sync
   in.q.s0 = 64 * in.q.s1;
@@ -951,6 +984,12 @@ TEST(GpuSparseMla, Prefill4096TokensTopk2048) {
   expect_matches(a, ref, 2.0, "4096-token prefill (sampled rows)");
   const Result b = run_sparse(kv, in, true);
   EXPECT_TRUE(a.raw == b.raw) << "repeated runs differ";
+  if (!device_is_sm90()) return;
+  ScopedSparseKernel async("async_gather");  // 32 tiles a CTA: many phases of each barrier
+  const Result c = run_sparse(kv, in, true);
+  EXPECT_STREQ(dsa::last_kernel_name(), "sparse_mla.wgmma_bf16_async");
+  expect_matches(c, ref, 2.0, "4096-token prefill, async-gather kernel");
+  EXPECT_TRUE(c.raw == a.raw) << "async-gather kernel differs from the default one";
 }
 
 // ---- dense --------------------------------------------------------------------------------------

@@ -123,6 +123,17 @@ __device__ __forceinline__ void mbar_wait_or_trap(uint64_t* bar, uint32_t parity
   }
 }
 
+// One arrival on `bar`, made by the hardware once every cp.async this thread issued before it
+// has landed (noinc: the arrival is one of the phase's expected count). The thread goes on at
+// once: a producer can issue the next tile while this one is in flight.
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#else
+  (void)bar; __trap();
+#endif
+}
+
 // Generic-proxy writes to shared memory (st.shared, stmatrix) that wgmma or a bulk copy reads
 // next: each writing thread fences, then the threads synchronise.
 __device__ __forceinline__ void fence_async_smem() {
