@@ -22,6 +22,8 @@
 //   WG0: S = Q K^T (m64n64, 36 k-steps), mask, online softmax (log2 units), P -> smem (bf16)
 //       and registers, O[:, 0:256] += P V (A from registers).
 //   WG1: O[:, 256:512] += P V (A = P from smem) after rescaling by WG0's per-row alpha.
+// (The split_s variant, DSA_DECODE_KERNEL=split_s, splits S by keys between WG0 and WG1
+// instead: see kSplitS below.)
 // Barriers: full[s] (producer -> consumers), empty[s] (256 consumer arrivals), p_full (WG0's
 // 128 arrivals: P and alpha written), p_empty (WG1's 128 arrivals: P consumed), f_full (WG0's
 // 128 arrivals at the end of a piece: the per-row output factors rowf written). WG1 reads rowf
@@ -475,7 +477,8 @@ __device__ __forceinline__ void store_half(const DecodeProblem& p, const float (
   }
 }
 
-// kSplitS (DSA_DECODE_KERNEL=split_s): the consumer path described at the kernel's end.
+// kSplitS (DSA_DECODE_KERNEL=split_s): the consumers split S by keys (the `if constexpr (kSplitS)`
+// branch below says how); false: the path described at the top of this file.
 template <int kKind, bool kSplitS = false>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_attn_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeProblem p) {
