@@ -269,8 +269,9 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
   if (plan.tiles == 0) return StatusCode::kOk;
   const bool forced = forced_mma_sync();  // once per call: the environment is read once
   if (!forced && decode::sparse_capable(p)) {  // decode::sparse_chosen(p)
-    note_kernel("sparse_mla.wgmma_fp8_splitkv");  // sparse_mla_kernel_name(p) of such a call
-    return decode::sparse(p);
+    const bool split_s = decode::split_s_selected();  // once: the name and the launch agree
+    note_kernel(decode::sparse_name(split_s));  // sparse_mla_kernel_name(p) of such a call
+    return decode::sparse(p, split_s);
   }
   if (p.indices.shape[1] > INT32_MAX / 2) return StatusCode::kUnsupported;
   Problem pr;
@@ -297,7 +298,7 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
 }
 
 const char* sparse_mla_kernel_name(const SparseMlaParams& p) {
-  if (decode::sparse_chosen(p)) return "sparse_mla.wgmma_fp8_splitkv";
+  if (decode::sparse_chosen(p)) return decode::sparse_name(decode::split_s_selected());
   if (!sparse_uses_wgmma(p, forced_mma_sync())) return "sparse_mla.mma_sync";
   if (sparse_async_gather())
     return p.q.shape[1] <= 32 ? "sparse_mla.wgmma_bf16_few_heads_async" : "sparse_mla.wgmma_bf16_async";
@@ -313,8 +314,9 @@ StatusCode dense_mla(const DenseMlaParams& p) {
   if (plan.tiles == 0) return StatusCode::kOk;
   if (decode::dense_chosen(p)) {
     // dense_mla_kernel_name(p) of a chosen call, without deciding the choice a second time.
-    note_kernel(p.kv.paged.dtype == MlaCacheDtype::kFP8 ? "dense_mla.wgmma_splitkv_fp8" : "dense_mla.wgmma_splitkv");
-    return decode::dense(p);
+    const bool split_s = decode::split_s_selected();  // once: the name and the launch agree
+    note_kernel(decode::dense_name(p, split_s));
+    return decode::dense(p, split_s);
   }
   if (dense_max_keys(p) > INT32_MAX / 2) return StatusCode::kUnsupported;
   Problem pr;

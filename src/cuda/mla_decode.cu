@@ -104,32 +104,38 @@ void fill_common(DecodeProblem& pr, const TensorDesc& q, const MlaCacheDesc& c, 
 
 using MainKernel = void (*)(CUtensorMap, DecodeProblem);
 
-template <int kKind>
+template <int kKind, bool kSplitS>
 bool smem_opt_in() {
   static std::atomic<uint64_t> done{0};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
   const uint64_t bit = dev < 64 ? (uint64_t{1} << dev) : 0;
   if (bit && (done.load(std::memory_order_acquire) & bit)) return true;
-  if (cudaFuncSetAttribute(mla_decode::decode_attn_kernel<kKind>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(mla_decode::decode_attn_kernel<kKind, kSplitS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            mla_decode::kSmemBytes) != cudaSuccess)
     return false;
   done.fetch_or(bit, std::memory_order_acq_rel);
   return true;
 }
 
-template <int kKind>
-StatusCode launch(const DecodeProblem& pr, const CUtensorMap& map, cudaStream_t stream) {
+template <int kKind, bool kSplitS>
+StatusCode launch_as(const DecodeProblem& pr, const CUtensorMap& map, cudaStream_t stream) {
   constexpr bool kSparse = kKind == mla_decode::kSparseFp8;
-  if (!smem_opt_in<kKind>()) {
+  if (!smem_opt_in<kKind, kSplitS>()) {
     cudaGetLastError();
     return StatusCode::kDeviceError;
   }
   mla_decode::decode_schedule_kernel<kSparse><<<1, mla_decode::kSchedThreads, 0, stream>>>(pr);
-  mla_decode::decode_attn_kernel<kKind><<<pr.G, mla_decode::kThreads, mla_decode::kSmemBytes, stream>>>(map, pr);
+  mla_decode::decode_attn_kernel<kKind, kSplitS>
+      <<<pr.G, mla_decode::kThreads, mla_decode::kSmemBytes, stream>>>(map, pr);
   mla_decode::decode_combine_kernel<kSparse>
       <<<dim3(pr.G, mla_decode::kRows / mla_decode::kCombineRows), mla_decode::kCombineThreads, 0, stream>>>(pr);
   return last_launch_status();
+}
+
+template <int kKind>
+StatusCode launch(const DecodeProblem& pr, const CUtensorMap& map, cudaStream_t stream, bool split_s) {
+  return split_s ? launch_as<kKind, true>(pr, map, stream) : launch_as<kKind, false>(pr, map, stream);
 }
 
 bool page_ok_for_tma(int64_t page) { return page == 8 || page == 16 || page == 32 || (page > 0 && page % 64 == 0); }
@@ -139,6 +145,11 @@ bool page_ok_for_tma(int64_t page) { return page == 8 || page == 16 || page == 3
 bool forced_mma_sync() {
   const char* v = std::getenv("DSA_FORCE_KERNEL");
   return v != nullptr && std::strcmp(v, "mma_sync") == 0;
+}
+
+bool split_s_selected() {
+  const char* v = std::getenv("DSA_DECODE_KERNEL");
+  return v != nullptr && std::strcmp(v, "split_s") == 0;
 }
 
 bool dense_capable(const DenseMlaParams& p) {
@@ -158,7 +169,7 @@ bool dense_chosen(const DenseMlaParams& p) {
 
 size_t dense_workspace(const DenseMlaParams& p) { return dense_capable(p) ? layout(dense_max_rb(p)).bytes : 0; }
 
-StatusCode dense(const DenseMlaParams& p) {
+StatusCode dense(const DenseMlaParams& p, bool split_s) {
   const MlaCacheDesc& c = p.kv.paged;
   DecodeProblem pr;
   fill_common(pr, p.q, c, p.attn_sink, p.sm_scale, p.out, p.lse);
@@ -176,7 +187,7 @@ StatusCode dense(const DenseMlaParams& p) {
   const cudaStream_t stream = as_stream(p.stream);
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
-  if (c.dtype == MlaCacheDtype::kFP8) return launch<mla_decode::kDenseFp8>(pr, map, stream);
+  if (c.dtype == MlaCacheDtype::kFP8) return launch<mla_decode::kDenseFp8>(pr, map, stream, split_s);
   // (576, page, num_blocks) bf16 with the block stride; a box is 64 dims x min(page, 64) tokens.
   const uint64_t dims[3] = {uint64_t(mla_decode::kDim), uint64_t(c.page_size), uint64_t(c.num_blocks)};
   const uint64_t strides[2] = {uint64_t(kMlaBf16TokenBytes), uint64_t(c.block_bytes())};
@@ -184,7 +195,7 @@ StatusCode dense(const DenseMlaParams& p) {
   const StatusCode st = hopper::make_tensor_map(&map, c.data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, dims, strides, box,
                                                 CU_TENSOR_MAP_SWIZZLE_128B);
   if (st != StatusCode::kOk) return st;
-  return launch<mla_decode::kDenseBf16>(pr, map, stream);
+  return launch<mla_decode::kDenseBf16>(pr, map, stream, split_s);
 }
 
 bool sparse_capable(const SparseMlaParams& p) {
@@ -199,7 +210,7 @@ bool sparse_chosen(const SparseMlaParams& p) { return !forced_mma_sync() && spar
 
 size_t sparse_workspace(const SparseMlaParams& p) { return sparse_capable(p) ? layout(sparse_max_rb(p)).bytes : 0; }
 
-StatusCode sparse(const SparseMlaParams& p) {
+StatusCode sparse(const SparseMlaParams& p, bool split_s) {
   DecodeProblem pr;
   fill_common(pr, p.q, p.kv.paged, p.attn_sink, p.sm_scale, p.out, p.lse);
   pr.indices = static_cast<const int32_t*>(p.indices.data);
@@ -215,16 +226,26 @@ StatusCode sparse(const SparseMlaParams& p) {
   attach(pr, layout(sparse_max_rb(p)), p.workspace);
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
-  return launch<mla_decode::kSparseFp8>(pr, map, as_stream(p.stream));
+  return launch<mla_decode::kSparseFp8>(pr, map, as_stream(p.stream), split_s);
 }
 
 }  // namespace decode
 
 const char* dense_mla_kernel_name(const DenseMlaParams& p) {
   if (!decode::dense_chosen(p)) return "dense_mla.mma_sync";
-  return p.kv.paged.dtype == MlaCacheDtype::kFP8 ? "dense_mla.wgmma_splitkv_fp8" : "dense_mla.wgmma_splitkv";
+  return decode::dense_name(p, decode::split_s_selected());
 }
 
+namespace decode {
+const char* dense_name(const DenseMlaParams& p, bool split_s) {
+  if (p.kv.paged.dtype == MlaCacheDtype::kFP8)
+    return split_s ? "dense_mla.wgmma_splitkv_fp8_split_s" : "dense_mla.wgmma_splitkv_fp8";
+  return split_s ? "dense_mla.wgmma_splitkv_split_s" : "dense_mla.wgmma_splitkv";
+}
+const char* sparse_name(bool split_s) {
+  return split_s ? "sparse_mla.wgmma_fp8_splitkv_split_s" : "sparse_mla.wgmma_fp8_splitkv";
+}
+}  // namespace decode
 
 }  // namespace gpu
 }  // namespace dsa

@@ -19,12 +19,17 @@ bool dense_capable(const DenseMlaParams& p);
 // Whether this call runs it (capable, not forced off, decode-shaped: few rows per sequence).
 bool dense_chosen(const DenseMlaParams& p);
 size_t dense_workspace(const DenseMlaParams& p);
-StatusCode dense(const DenseMlaParams& p);
+// DSA_DECODE_KERNEL=split_s selects the variant of the main kernel in which both consumer
+// warpgroups compute S over half the keys of each tile (read per call, by the caller, once).
+bool split_s_selected();
+StatusCode dense(const DenseMlaParams& p, bool split_s);
+const char* dense_name(const DenseMlaParams& p, bool split_s);  // for note_kernel
 
 bool sparse_capable(const SparseMlaParams& p);  // FP8 paged cache on sm_90a
 bool sparse_chosen(const SparseMlaParams& p);
 size_t sparse_workspace(const SparseMlaParams& p);
-StatusCode sparse(const SparseMlaParams& p);
+StatusCode sparse(const SparseMlaParams& p, bool split_s);
+const char* sparse_name(bool split_s);
 
 }  // namespace decode
 }  // namespace gpu

@@ -22,6 +22,8 @@
 //   WG0: S = Q K^T (m64n64, 36 k-steps), mask, online softmax (log2 units), P -> smem (bf16)
 //       and registers, O[:, 0:256] += P V (A from registers).
 //   WG1: O[:, 256:512] += P V (A = P from smem) after rescaling by WG0's per-row alpha.
+// (The split_s variant, DSA_DECODE_KERNEL=split_s, splits S by keys between WG0 and WG1
+// instead: see kSplitS below.)
 // Barriers: full[s] (producer -> consumers), empty[s] (256 consumer arrivals), p_full (WG0's
 // 128 arrivals: P and alpha written), p_empty (WG1's 128 arrivals: P consumed), f_full (WG0's
 // 128 arrivals at the end of a piece: the per-row output factors rowf written). WG1 reads rowf
@@ -434,7 +436,50 @@ __device__ __forceinline__ uint64_t v_desc(const uint8_t* first_block, int kstep
 }
 
 // ---- the main kernel --------------------------------------------------------------------------
-template <int kKind>
+// One row half (kHr: the accumulator row r_lo or r_hi) of a warpgroup's 256 output dims: the
+// split-S store. A template, not a loop over the two halves: in the split instantiations
+// nvcc left that loop rolled and moved o[] to local memory (560-576-byte stack frames).
+template <int kHr>
+__device__ __forceinline__ void store_half(const DecodeProblem& p, const float (&o)[128], const RowRef& rr,
+                                           bool whole, float f, int slot, int r, int dim0, int lane) {
+  if (whole) {
+    if (!rr.valid) return;
+    const int64_t e0 = static_cast<int64_t>(rr.t) * p.out_s0 + static_cast<int64_t>(rr.h) * p.out_s1 + dim0;
+#pragma unroll
+    for (int i = 2 * kHr; i < 128; i += 4) {
+      const int col = hopper::acc_col(i, lane);
+      const float v0 = o[i] * f, v1 = o[i + 1] * f;
+      if (p.out_bf16) {
+        uint16_t* dst = static_cast<uint16_t*>(p.out) + e0 + col;
+        if (p.out_pairs) {
+          *reinterpret_cast<uint32_t*>(dst) = pack_bf16(v0, v1);
+        } else {
+          dst[0] = float_to_bf16(v0);
+          dst[1] = float_to_bf16(v1);
+        }
+      } else {
+        float* dst = static_cast<float*>(p.out) + e0 + col;
+        if (p.out_pairs) {
+          *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+        } else {
+          dst[0] = v0;
+          dst[1] = v1;
+        }
+      }
+    }
+  } else {
+    float* dst = p.part_o + (static_cast<int64_t>(slot) * kRows + r) * kVDim + dim0;
+#pragma unroll
+    for (int i = 2 * kHr; i < 128; i += 4) {
+      const int col = hopper::acc_col(i, lane);
+      *reinterpret_cast<float2*>(dst + col) = make_float2(o[i], o[i + 1]);
+    }
+  }
+}
+
+// kSplitS (DSA_DECODE_KERNEL=split_s): the consumers split S by keys (the `if constexpr (kSplitS)`
+// branch below says how); false: the path described at the top of this file.
+template <int kKind, bool kSplitS = false>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_attn_kernel(const __grid_constant__ CUtensorMap kv_map, const DecodeProblem p) {
 #if DSA_HOPPER_DEVICE
@@ -638,8 +683,160 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     float* rowf = sRowF + (piece_no & 1) * kRows;
+    float fac[2] = {1.f, 1.f};  // kSplitS: this thread's per-row output factors
 
-    if (wg == 0) {
+    if constexpr (kSplitS) {
+      // Both warpgroups compute S, each over its own 32 keys of the tile (m64n32, half the
+      // k-step chain of the default path), agree on the row maxima through shared memory,
+      // write their half of P, and then each multiplies the whole P by its 256 value columns.
+      // WG1 no longer idles while WG0 computes S and the softmax. Per tile: bar 3 after the
+      // maxima (which also tells each warpgroup that the other's P V of the previous tile has
+      // completed, so sP may be overwritten), bar 4 after P. sRowF holds [2][64] row maxima,
+      // at the end of a piece the two halves' row sums (ordered by bar 4 / bar 2).
+      const int kh = wg;  // key half 0..31 / 32..63 and value half 0..255 / 256..511
+      const int ctid = tid;  // 0..255 over both consumer warpgroups
+      float* sEx = sRowF;
+      for (int i = ctid; i < kRows * 72; i += 256) {
+        const int r = i / 72, c = i - r * 72;
+        const RowRef rr = row_ref<kSparse>(p, ui, pc.local, r);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (rr.valid) {
+          const uint16_t* src = p.q + static_cast<int64_t>(rr.t) * p.q_s0 + static_cast<int64_t>(rr.h) * p.q_s1 + c * 8;
+          if (p.q_aligned16) {
+            v = __ldg(reinterpret_cast<const uint4*>(src));
+          } else {
+            v.x = src[0] | (uint32_t(src[1]) << 16);
+            v.y = src[2] | (uint32_t(src[3]) << 16);
+            v.z = src[4] | (uint32_t(src[5]) << 16);
+            v.w = src[6] | (uint32_t(src[7]) << 16);
+          }
+        }
+        *reinterpret_cast<uint4*>(sQ + (c >> 3) * kBlockBytes + swz(r, c & 7)) = v;
+      }
+      hopper::fence_async_smem();
+      named_bar_sync(1, 256);
+
+      float m_run[2] = {-INFINITY, -INFINITY};
+      float l_run[2] = {0.f, 0.f};
+      for (int32_t kt = pc.kt0; kt < pc.kt1; ++kt, ++it) {
+        const int s = it & 1;
+        const uint32_t ph = (it >> 1) & 1;
+        uint8_t* tile = sK + s * kKBytes;
+        hopper::mbar_wait(&full[s], ph);
+        const uint64_t mask = sMask[s];
+        if (kTma && mask != ~0ull) {
+          // Rows of a loaded page past kv_len may hold NaN: zero the V part of invalid rows
+          // (both warpgroups, before either reads the tile).
+          for (int i = ctid; i < kTileKeys * 8 * 8; i += 256) {
+            const int key = i >> 6, rest = i & 63;
+            if (!((mask >> key) & 1)) {
+              const int kb = rest >> 3, c = rest & 7;
+              *reinterpret_cast<uint4*>(tile + kb * kBlockBytes + key * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+            }
+          }
+          hopper::fence_async_smem();
+          named_bar_sync(1, 256);
+        }
+        // S over keys kh*32 .. +32: rows of the K-major tile are 128 B, so the half starts
+        // 4096 B in (four whole 1024-B swizzle atoms: same swizzle phase).
+        float sc[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) sc[i] = 0.f;
+        hopper::wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < kDimBlocks; ++kb)
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+            hopper::wgmma_bf16_ss<32, 0, 0>(sc, kmajor_desc(sQ + kb * kBlockBytes, ks),
+                                            kmajor_desc(tile + kb * kBlockBytes + kh * 32 * 128, ks), 1);
+        hopper::wgmma_commit();
+        hopper::wgmma_wait<0>();
+        hopper::fence_regs(sc);
+        const int64_t pos0 = static_cast<int64_t>(kt) * kTileKeys;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int col = kh * 32 + hopper::acc_col(i, lane);
+          const int hr = (i >> 1) & 1;
+          const bool ok = ((mask >> col) & 1) && (pos0 + col < rows[hr].limit);
+          const float v = ok ? sc[i] * p.scale_log2 : -INFINITY;
+          sc[i] = v;
+          mx[hr] = fmaxf(mx[hr], v);
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+          mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+        }
+        if ((lane & 3) == 0) {
+          sEx[kh * kRows + r_lo] = mx[0];
+          sEx[kh * kRows + r_hi] = mx[1];
+        }
+        named_bar_sync(3, 256);
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = hr ? r_hi : r_lo;
+          // both halves read in the same order by both warpgroups: identical m, alpha
+          const float m_tile = fmaxf(sEx[r], sEx[kRows + r]);
+          const float m_new = fmaxf(m_run[hr], m_tile);
+          m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
+          alpha[hr] = exp2f(m_run[hr] - m_use[hr]);
+          m_run[hr] = m_new;
+          l_run[hr] *= alpha[hr];
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i += 2) {
+          const int hr = (i >> 1) & 1;
+          const float p0 = exp2f(sc[i] - m_use[hr]), p1 = exp2f(sc[i + 1] - m_use[hr]);
+          l_run[hr] += p0 + p1;
+          const int row = hopper::acc_row(i, lane, warp), col = kh * 32 + hopper::acc_col(i, lane);
+          *reinterpret_cast<uint32_t*>(sP + swz(row, col >> 3) + (col & 7) * 2) = pack_bf16(p0, p1);
+        }
+        hopper::fence_async_smem();
+        named_bar_sync(4, 256);
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+        hopper::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          hopper::wgmma_bf16_ss<256, 0, 1>(o, kmajor_desc(sP, ks), v_desc(tile + kh * kVBlocksPerWg * kBlockBytes, ks), 1);
+        hopper::wgmma_commit();
+        hopper::wgmma_wait<0>();
+        hopper::fence_regs(o);
+        hopper::mbar_arrive(&empty[s]);
+      }
+      // Row sums: over the quad, then over the two key halves (sEx is free: the last tile's
+      // maxima were read before bar 4).
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        l_run[hr] += __shfl_xor_sync(0xffffffffu, l_run[hr], 1);
+        l_run[hr] += __shfl_xor_sync(0xffffffffu, l_run[hr], 2);
+      }
+      if ((lane & 3) == 0) {
+        sEx[kh * kRows + r_lo] = l_run[0];
+        sEx[kh * kRows + r_hi] = l_run[1];
+      }
+      named_bar_sync(2, 256);
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = hr ? r_hi : r_lo;
+        const RowRef& rr = rows[hr];
+        const float l = sEx[r] + sEx[kRows + r];
+        if (whole) {
+          const bool any = l != 0.f;
+          const float lse = any ? (m_run[hr] + log2f(l)) * kLn2 : INFINITY;
+          float f = any ? 1.f / l : 0.f;
+          if (any && p.sink != nullptr && rr.valid) f /= 1.f + expf(p.sink[rr.h * p.sink_s] - lse);
+          fac[hr] = f;
+          if (wg == 0 && (lane & 3) == 0 && rr.valid)
+            p.lse[rr.t * p.lse_s0 + static_cast<int64_t>(rr.h) * p.lse_s1] = lse;
+        } else if (wg == 0 && (lane & 3) == 0) {
+          p.part_ml[slot * kRows + r] = make_float2(m_run[hr], l);
+        }
+      }
+      // sEx is next written after the next piece's bar 1, which both pass after these reads.
+    } else if (wg == 0) {
       // Q rows of the piece into shared memory (zero for rows without a query).
       for (int i = wtid; i < kRows * 72; i += 128) {
         const int r = i / 72, c = i - r * 72;
@@ -804,6 +1001,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Store this warpgroup's 256 dims of the 64 rows.
     const int dim0 = wg * 256;
+    if constexpr (kSplitS) {
+      store_half<0>(p, o, rows[0], whole, fac[0], slot, r_lo, dim0, lane);
+      store_half<1>(p, o, rows[1], whole, fac[1], slot, r_hi, dim0, lane);
+    } else {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int r = hr ? r_hi : r_lo;
@@ -843,6 +1044,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    }  // default store
     ++piece_no;
   }
 #else

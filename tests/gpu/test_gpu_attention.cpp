@@ -1416,4 +1416,133 @@ TEST(GpuDecodeHopper, SparseFp8Batch128AgainstBf16Latents) {
   EXPECT_LT(worst_lse, 0.5) << "fp8 lse far from the bf16 latents";
 }
 
+// ---- DSA_DECODE_KERNEL=split_s: the decode kernel variant in which both consumer warpgroups
+// compute S over half of each key tile (issue 13, round 3). The cases above, run on it: the
+// oracle, bit-identical repeats, and the mma.sync kernel as a second opinion on every row.
+struct ScopedDecodeKernel {
+  explicit ScopedDecodeKernel(const char* v) { setenv("DSA_DECODE_KERNEL", v, 1); }
+  ~ScopedDecodeKernel() { unsetenv("DSA_DECODE_KERNEL"); }
+};
+
+// The launch just made ran the split_s variant (its name says so through note_kernel).
+void expect_split_s_ran(const std::string& what) {
+  const std::string name = dsa::last_kernel_name();
+  EXPECT_NE(name.find("_split_s"), std::string::npos) << what << ": ran " << name;
+}
+
+#define DSA_REQUIRE_SM90()                                                   \
+  do {                                                                       \
+    DSA_REQUIRE_GPU();                                                       \
+    if (!device_is_sm90()) GTEST_SKIP() << "the split_s decode kernel needs sm_90a"; \
+  } while (0)
+
+TEST(GpuDecodeHopperSplitS, DenseContextsHeadsNextN) {
+  DSA_REQUIRE_SM90();
+  for (KvMode mode : {KvMode::kPagedBf16, KvMode::kPagedFp8}) {
+    for (int64_t H : {64, 128}) {
+      for (int64_t next_n = 1; next_n <= 4; ++next_n) {
+        std::vector<std::pair<int64_t, int64_t>> seqs;
+        for (int64_t ctx : {1, 63, 64, 65, 2048}) seqs.push_back({next_n, std::max(ctx, next_n)});
+        const int64_t page = (next_n == 3 && mode == KvMode::kPagedBf16) ? 16 : 64;
+        PagedSetup ps = paged_setup(mode, seqs, H, page, 300 + 10 * H + next_n);
+        const std::string what = std::string("split_s ") + (mode == KvMode::kPagedFp8 ? "fp8" : "bf16") +
+                                 " H=" + std::to_string(H) + " next_n=" + std::to_string(next_n);
+        const Ref ref = reference(ps.kv, ps.in.q, dense_keys(ps.kv, ps.in), {}, all_of(ps.in.q.T), sample_heads(H));
+        Result g, again;
+        {
+          ScopedDecodeKernel v("split_s");
+          g = run_dense(ps.kv, ps.in, true);
+          expect_split_s_ran(what);
+          again = run_dense(ps.kv, ps.in, true);
+        }
+        expect_matches(g, ref, 2.0, what.c_str());
+        EXPECT_TRUE(g.raw == again.raw) << what << ": repeated runs differ";
+        ForceMmaSync force;
+        expect_kernels_agree(g, run_dense(ps.kv, ps.in, true), ps.in.q.T, H, what.c_str());
+      }
+    }
+  }
+}
+
+TEST(GpuDecodeHopperSplitS, DenseFewAndOddHeadsSinkF32Out) {
+  DSA_REQUIRE_SM90();
+  for (int64_t H : {1, 5, 16, 32, 100}) {
+    PagedSetup ps = paged_setup(KvMode::kPagedBf16, {{2, 130}, {1, 1}, {4, 700}, {3, 64}}, H, 64, 400 + H);
+    ps.in.sink = random_sink(H, 401 + H);
+    const Ref ref = reference(ps.kv, ps.in.q, dense_keys(ps.kv, ps.in), ps.in.sink, all_of(ps.in.q.T), all_of(H));
+    const std::string what = "split_s dense H=" + std::to_string(H);
+    Result g;
+    {
+      ScopedDecodeKernel v("split_s");
+      g = run_dense(ps.kv, ps.in, true, {DType::kF32, 3});
+      expect_split_s_ran(what);
+    }
+    expect_matches(g, ref, 2.0, what.c_str());
+    ForceMmaSync force;
+    expect_kernels_agree(g, run_dense(ps.kv, ps.in, true, {DType::kF32, 3}), ps.in.q.T, H, what.c_str());
+  }
+}
+
+// Split (combined partials) and whole-row-block schedules, and the 128K context.
+TEST(GpuDecodeHopperSplitS, DenseSplitWholeAnd128K) {
+  DSA_REQUIRE_SM90();
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>> batches = {
+      {{1, 20000}}, std::vector<std::pair<int64_t, int64_t>>(128, {1, 300}), {{2, 9000}, {1, 40}, {1, 5000}},
+      {{1, 131072}}};
+  for (size_t i = 0; i < batches.size(); ++i) {
+    for (KvMode mode : {KvMode::kPagedBf16, KvMode::kPagedFp8}) {
+      PagedSetup ps = paged_setup(mode, batches[i], 128, 64, 500 + i);
+      if (i < 3) ps.in.sink = random_sink(128, 510 + i);
+      const std::string what = "split_s schedule " + std::to_string(i) + (mode == KvMode::kPagedFp8 ? " fp8" : " bf16");
+      const std::vector<int64_t> tokens = {0, ps.in.q.T / 2, ps.in.q.T - 1};
+      const Ref ref = reference(ps.kv, ps.in.q, dense_keys(ps.kv, ps.in), ps.in.sink, tokens, sample_heads(128));
+      Result a, b;
+      {
+        ScopedDecodeKernel v("split_s");
+        a = run_dense(ps.kv, ps.in, true);
+        expect_split_s_ran(what);
+        b = run_dense(ps.kv, ps.in, true);
+      }
+      expect_matches(a, ref, 2.0, what.c_str());
+      EXPECT_TRUE(a.raw == b.raw) << what << ": repeated runs differ";
+      EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4)) << what << ": repeated lse differ";
+      ForceMmaSync force;
+      expect_kernels_agree(a, run_dense(ps.kv, ps.in, true), ps.in.q.T, 128, what.c_str());
+    }
+  }
+}
+
+TEST(GpuDecodeHopperSplitS, SparseFp8DecodeHeadsTopkLengthSink) {
+  DSA_REQUIRE_SM90();
+  auto used = [](int64_t s) { return s % 5 != 2; };
+  const HostKv kv = make_kv(KvMode::kPagedFp8, 80, 64, 800, used);
+  for (int64_t H : {16, 32, 64, 128}) {
+    const int64_t B = 8, next_n = 2, T = B * next_n, K = 2048;
+    SparseInputs in;
+    in.q = make_q(T, H, 801 + H);
+    in.K = K;
+    in.indices = random_indices(T, K, kv.num_keys, 802 + H, 0.1, used);
+    FastRng rng(803 + H);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t pick = rng.below(6);
+      in.topk_length.push_back(static_cast<int32_t>(pick == 0 ? 0 : pick == 1 ? K : pick == 2 ? 1 : pick == 3 ? 64 : rng.below(K + 1)));
+    }
+    in.sink = random_sink(H, 804 + H);
+    const std::string what = "split_s sparse fp8 H=" + std::to_string(H);
+    const Ref ref = reference(kv, in.q, sparse_keys(kv, in), in.sink, all_of(T), sample_heads(H));
+    Result g, again;
+    {
+      ScopedDecodeKernel v("split_s");
+      EXPECT_STREQ(kernel_for(kv, in), "sparse_mla.wgmma_fp8_splitkv_split_s") << what;
+      g = run_sparse(kv, in, true);
+      expect_split_s_ran(what);
+      again = run_sparse(kv, in, true);
+    }
+    expect_matches(g, ref, 2.0, what.c_str());
+    EXPECT_TRUE(g.raw == again.raw) << what << ": repeated runs differ";
+    ForceMmaSync force;
+    expect_kernels_agree(g, run_sparse(kv, in, true), T, H, what.c_str());
+  }
+}
+
 }  // namespace
