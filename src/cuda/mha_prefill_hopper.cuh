@@ -62,8 +62,15 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Arrive on a named barrier without waiting (the other side of a bar.sync of the same count),
-// when on: predicated rather than branched, so no branch lands inside a wgmma pipeline stage.
+// bar.sync / bar.arrive (arrive: the other side of a bar.sync of the same count, no wait) when
+// on: predicated rather than branched, so no branch lands inside a wgmma pipeline stage.
+__device__ __forceinline__ void named_sync_if(bool on, int id, int threads) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p bar.sync %1, %2;\n}\n" ::"r"(static_cast<uint32_t>(on)),
+      "r"(id), "r"(threads)
+      : "memory");
+}
+
 __device__ __forceinline__ void named_arrive_if(bool on, int id, int threads) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p bar.arrive %1, %2;\n}\n" ::"r"(static_cast<uint32_t>(on)),
@@ -299,6 +306,13 @@ __global__ void __launch_bounds__(kHopThreads, 1)
   // kPingBar + w (128 threads) meets exactly one bar.arrive of the other (128): warpgroup 1
   // arrives once before warpgroup 0's first turn and after each of its turns but the last,
   // warpgroup 0 after each of its turns. Strict alternation, none left pending at exit.
+  // Only in blocks where both warpgroups have rows: then their tile counts differ by at most
+  // one (64 rows = 64 keys), warpgroup 0's trailing stage (released below without a turn) and
+  // its one empty turn come after its real turns, and every full[] wait is met by releases of
+  // tiles two turns back (kStages >= 2). With warpgroup 1 idle (rows <= 64) it would release
+  // all stages in its trailing loop before any turn, while warpgroup 0 waits on its turns for
+  // those stages: a deadlock, so such blocks (a sequence's last) run the plain pipelined loop.
+  const bool ping = kPing && rows > kHopRowsPerWg;
   auto tiles_of = [&](int w) {
     const int wr = min(kHopRowsPerWg, rows - kHopRowsPerWg * w);
     const int keys = wr > 0 ? prefix + r0 + kHopRowsPerWg * w + wr : 0;
@@ -308,16 +322,16 @@ __global__ void __launch_bounds__(kHopThreads, 1)
   const int n_turns = max(e0, e1);
   int turn = 0;
   auto take_turn = [&]() {
-    if constexpr (kPing) named_barrier(kPingBar + wg, 256);
+    if constexpr (kPing) named_sync_if(ping, kPingBar + wg, 256);
   };
   auto pass_turn = [&]() {
     if constexpr (kPing) {
-      named_arrive_if(wg == 0 || turn < n_turns - 1, kPingBar + (wg ^ 1), 256);
+      named_arrive_if(ping && (wg == 0 || turn < n_turns - 1), kPingBar + (wg ^ 1), 256);
       ++turn;
     }
   };
   if constexpr (kPing) {
-    named_arrive_if(wg == 1 && n_turns > 0, kPingBar, 256);
+    named_arrive_if(ping && wg == 1, kPingBar, 256);
   }
 
   if constexpr (!kPipe) {
@@ -427,7 +441,7 @@ __global__ void __launch_bounds__(kHopThreads, 1)
       wait_full(t);
       release(t);
     }
-    if constexpr (kPing) {
+    if (ping) {
       while (turn < n_turns) {  // empty turns keep the alternation in step (see above)
         take_turn();
         pass_turn();
