@@ -49,7 +49,8 @@ StatusCode mla_up_project(const MlaUpProjectParams& p);
 void set_mha_force_portable(bool on);
 // Internal (tests, bench): the attention kernel, 0 the default (the serial Hopper kernel on
 // sm_90a), 1 portable, 2 serial Hopper, 3 pipelined Hopper (S of tile t+1 issued before the
-// softmax of tile t; opt-in); DSA_MHA_KERNEL=portable|wgmma_serial|wgmma_pipe (read once).
+// softmax of tile t; opt-in), 4 pipelined with the warpgroups' GEMMs in turns (ping-pong,
+// opt-in); DSA_MHA_KERNEL=portable|wgmma_serial|wgmma_pipe|wgmma_pingpong (read once).
 void set_mha_kernel(int mode);
 // Internal (bench): which stages a dense_mha_prefill call runs, bit 0 the gather and the
 // decompression GEMM, bit 1 the attention (default 3). 2 re-times the attention over the

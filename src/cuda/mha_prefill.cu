@@ -28,8 +28,9 @@ namespace gpu {
 namespace {
 
 // Attention kernel choice: -1 read DSA_MHA_KERNEL once; 0 default (the serial Hopper
-// kernel); 1 portable; 2 serial Hopper; 3 pipelined Hopper (opt-in until checked on the
-// H200, docs/perf.md).
+// kernel); 1 portable; 2 serial Hopper; 3 pipelined Hopper; 4 pipelined with the two
+// warpgroups' GEMMs in turns (ping-pong) and heaviest-first 1-D grid (3 and 4 opt-in until
+// checked on the H200, docs/perf.md).
 std::atomic<int> g_kernel{-1};
 std::atomic<int> g_stages{3};
 
@@ -41,6 +42,7 @@ int kernel_mode() {
     if (e != nullptr && std::strcmp(e, "portable") == 0) v = 1;
     if (e != nullptr && std::strcmp(e, "wgmma_serial") == 0) v = 2;
     if (e != nullptr && std::strcmp(e, "wgmma_pipe") == 0) v = 3;
+    if (e != nullptr && std::strcmp(e, "wgmma_pingpong") == 0) v = 4;
     int expected = -1;
     g_kernel.compare_exchange_strong(expected, v);
     v = g_kernel.load();
@@ -91,11 +93,21 @@ template <int kNope, int kV>
 StatusCode launch_attention(const mha::Problem& pr, int64_t max_q, cudaStream_t stream) {
   const int mode = kernel_mode();
   if (mode != 1 && hopper::current_device_is_sm90a()) {
-    const bool pipe = mode == 3;
-    const StatusCode st = pipe ? mha::launch_hopper<kNope, kV, true>(pr, max_q, stream)
-                               : mha::launch_hopper<kNope, kV, false>(pr, max_q, stream);
+    // Both geometries (qk 192 / v 128, qk 256 / v 256) fit every Hopper variant.
+    StatusCode st;
+    const char* name;
+    if (mode == 4) {
+      st = mha::launch_hopper<kNope, kV, true, true>(pr, max_q, stream);
+      name = "dense_mha_prefill.wgmma_pingpong";
+    } else if (mode == 3) {
+      st = mha::launch_hopper<kNope, kV, true>(pr, max_q, stream);
+      name = "dense_mha_prefill.wgmma_pipe";
+    } else {
+      st = mha::launch_hopper<kNope, kV, false>(pr, max_q, stream);
+      name = "dense_mha_prefill.wgmma";
+    }
     if (st != StatusCode::kUnsupported) {
-      note_kernel(pipe ? "dense_mha_prefill.wgmma_pipe" : "dense_mha_prefill.wgmma");
+      note_kernel(name);
       return st;
     }
   }
@@ -107,7 +119,7 @@ StatusCode launch_attention(const mha::Problem& pr, int64_t max_q, cudaStream_t 
 }  // namespace
 
 void set_mha_force_portable(bool on) { g_kernel.store(on ? 1 : 0); }
-void set_mha_kernel(int mode) { g_kernel.store(mode >= 0 && mode <= 3 ? mode : 0); }
+void set_mha_kernel(int mode) { g_kernel.store(mode >= 0 && mode <= 4 ? mode : 0); }
 void set_mha_stages(int mask) { g_stages.store(mask & 3); }
 
 StatusCode dense_mha_prefill_group(const DenseMhaPrefillParams& p, const core::MhaGroup& g) {

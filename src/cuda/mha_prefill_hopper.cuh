@@ -62,6 +62,25 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// bar.sync / bar.arrive (arrive: the other side of a bar.sync of the same count, no wait) when
+// on: predicated rather than branched, so no branch lands inside a wgmma pipeline stage.
+__device__ __forceinline__ void named_sync_if(bool on, int id, int threads) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p bar.sync %1, %2;\n}\n" ::"r"(static_cast<uint32_t>(on)),
+      "r"(id), "r"(threads)
+      : "memory");
+}
+
+__device__ __forceinline__ void named_arrive_if(bool on, int id, int threads) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p bar.arrive %1, %2;\n}\n" ::"r"(static_cast<uint32_t>(on)),
+      "r"(id), "r"(threads)
+      : "memory");
+}
+
+// Named barriers of the ping-pong schedule: warpgroup w waits on kPingBar + w for its turn.
+constexpr int kPingBar = 3;  // 1, 2: the warpgroups' Q barriers
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return static_cast<uint32_t>(float_to_bf16(lo)) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
 }
@@ -157,22 +176,37 @@ __device__ __forceinline__ void rescale_o(float (&o)[R], float a_lo, float a_hi)
   for (int i = 0; i < R; ++i) o[i] *= ((i >> 1) & 1) ? a_hi : a_lo;
 }
 
-template <int kNope, int kV, bool kPipe>
+// kPing (on top of kPipe): the two consumer warpgroups take turns issuing their GEMMs (named
+// barriers), so one warpgroup's softmax runs while the other's GEMMs hold the tensor cores;
+// and a 1-D grid whose launch order is heaviest query block first across all heads and
+// sequences (block i: head i % H, sequence (i / H) % nb, block rank from the end i / (H nb)).
+template <int kNope, int kV, bool kPipe, bool kPing = false>
 __global__ void __launch_bounds__(kHopThreads, 1)
     mha_attn_hopper_kernel(const __grid_constant__ CUtensorMap kv_map, const __grid_constant__ CUtensorMap pe_map,
                            const Problem p) {
 #if DSA_HOPPER_DEVICE
-  using C = HopCfg<kNope, kV, kPipe>;
+  using C = HopCfg<kNope, kV, kPipe>;  // kPing uses the pipelined loop's stages
   namespace hp = hopper;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kSmemBars);
   uint64_t* empty = full + C::kStages;
 
-  const int h = blockIdx.y;
-  const Seq sq = load_seq(p, blockIdx.z);  // every thread (block reduction)
+  static_assert(!kPing || (kPipe && kHopConsumers == 2), "ping-pong: pipelined loop, two warpgroups");
+  int h, seq, rank;
+  if constexpr (kPing) {
+    const int i = static_cast<int>(blockIdx.x);
+    h = i % p.H;
+    seq = (i / p.H) % p.nb;
+    rank = i / (p.H * p.nb);
+  } else {
+    h = blockIdx.y;
+    seq = blockIdx.z;
+    rank = blockIdx.x;
+  }
+  const Seq sq = load_seq(p, seq);  // every thread (block reduction)
   const int nqb = (sq.q_len + kHopRows - 1) / kHopRows;
-  const int qb = nqb - 1 - static_cast<int>(blockIdx.x);  // heaviest blocks first
+  const int qb = nqb - 1 - rank;  // heaviest blocks first
   if (!sq.rows_ok || qb < 0) return;
   const int r0 = qb * kHopRows;
   if (!sq.ok) {
@@ -266,6 +300,40 @@ __global__ void __launch_bounds__(kHopThreads, 1)
   };
   const int my_tiles = min(wg_tiles, n_tiles);
 
+  // Ping-pong turns. A warpgroup's GEMM issues (pipelined loop: S(0), one per step, the last
+  // P·V: my_tiles + 1 of them) are turns; both warpgroups take the same number E of turns (the
+  // one with fewer tiles takes empty ones at the end), so every bar.sync of warpgroup w on
+  // kPingBar + w (128 threads) meets exactly one bar.arrive of the other (128): warpgroup 1
+  // arrives once before warpgroup 0's first turn and after each of its turns but the last,
+  // warpgroup 0 after each of its turns. Strict alternation, none left pending at exit.
+  // Only in blocks where both warpgroups have rows: then their tile counts differ by at most
+  // one (64 rows = 64 keys), warpgroup 0's trailing stage (released below without a turn) and
+  // its one empty turn come after its real turns, and every full[] wait is met by releases of
+  // tiles two turns back (kStages >= 2). With warpgroup 1 idle (rows <= 64) it would release
+  // all stages in its trailing loop before any turn, while warpgroup 0 waits on its turns for
+  // those stages: a deadlock, so such blocks (a sequence's last) run the plain pipelined loop.
+  const bool ping = kPing && rows > kHopRowsPerWg;
+  auto tiles_of = [&](int w) {
+    const int wr = min(kHopRowsPerWg, rows - kHopRowsPerWg * w);
+    const int keys = wr > 0 ? prefix + r0 + kHopRowsPerWg * w + wr : 0;
+    return min((keys + kHopKeys - 1) / kHopKeys, n_tiles);
+  };
+  const int e0 = tiles_of(0) > 0 ? tiles_of(0) + 1 : 0, e1 = tiles_of(1) > 0 ? tiles_of(1) + 1 : 0;
+  const int n_turns = max(e0, e1);
+  int turn = 0;
+  auto take_turn = [&]() {
+    if constexpr (kPing) named_sync_if(ping, kPingBar + wg, 256);
+  };
+  auto pass_turn = [&]() {
+    if constexpr (kPing) {
+      named_arrive_if(ping && (wg == 0 || turn < n_turns - 1), kPingBar + (wg ^ 1), 256);
+      ++turn;
+    }
+  };
+  if constexpr (kPing) {
+    named_arrive_if(ping && wg == 1, kPingBar, 256);
+  }
+
   if constexpr (!kPipe) {
     // Serial: S(t), softmax(t), P·V(t), each waited before the next.
     for (int t = 0; t < n_tiles; ++t) {
@@ -301,8 +369,10 @@ __global__ void __launch_bounds__(kHopThreads, 1)
       uint32_t pa[4][4];
       {
         wait_full(0);
+        take_turn();
         hp::wgmma_fence();
         issue_scores<C::kQkBlocks>(sc, qs, kstage(0));
+        pass_turn();
         hp::wgmma_wait<0>();
         hp::fence_regs(sc);
         float a_lo, a_hi;  // O is zero: nothing to rescale
@@ -327,9 +397,11 @@ __global__ void __launch_bounds__(kHopThreads, 1)
         hp::fence_regs(sc);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) hp::fence_regs(cur[ks]);
+        take_turn();
         hp::wgmma_fence();
         issue_scores<C::kQkBlocks>(sc, qs, kstage(t + 1));
         issue_pv<kV>(o, cur, kstage(t) + C::kKBytes);
+        pass_turn();
         hp::wgmma_wait<1>();  // S(t+1) complete; P·V(t) may still run
         hp::fence_regs(sc);
         float a_lo, a_hi;
@@ -355,8 +427,10 @@ __global__ void __launch_bounds__(kHopThreads, 1)
       }
       const int t = my_tiles - 1;
       pin();
+      take_turn();
       hp::wgmma_fence();
       issue_pv<kV>(o, pa, kstage(t) + C::kKBytes);
+      pass_turn();
       hp::wgmma_wait<0>();
       hp::fence_regs(o);
 #pragma unroll
@@ -366,6 +440,12 @@ __global__ void __launch_bounds__(kHopThreads, 1)
     for (int t = max(my_tiles, 0); t < n_tiles; ++t) {  // tiles past this warpgroup's horizon
       wait_full(t);
       release(t);
+    }
+    if (ping) {
+      while (turn < n_turns) {  // empty turns keep the alternation in step (see above)
+        take_turn();
+        pass_turn();
+      }
     }
   }
 
@@ -406,7 +486,7 @@ __global__ void __launch_bounds__(kHopThreads, 1)
 
 // Tensor maps over this group's workspace buffers and the launch. kUnsupported when the
 // driver cannot encode the maps (the launcher then runs the portable kernel).
-template <int kNope, int kV, bool kPipe>
+template <int kNope, int kV, bool kPipe, bool kPing = false>
 StatusCode launch_hopper(const Problem& pr, int64_t max_q, cudaStream_t stream) {
   using C = HopCfg<kNope, kV, kPipe>;
   CUtensorMap kv_map, pe_map;
@@ -427,16 +507,21 @@ StatusCode launch_hopper(const Problem& pr, int64_t max_q, cudaStream_t stream) 
   if (cudaGetDevice(&device) != cudaSuccess) return StatusCode::kDeviceError;
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
   if (!(bit && (done.load(std::memory_order_acquire) & bit))) {
-    if (cudaFuncSetAttribute(mha_attn_hopper_kernel<kNope, kV, kPipe>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaFuncSetAttribute(mha_attn_hopper_kernel<kNope, kV, kPipe, kPing>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              C::kSmemBytes) != cudaSuccess) {
       cudaGetLastError();
       return StatusCode::kDeviceError;
     }
     done.fetch_or(bit, std::memory_order_acq_rel);
   }
-  const dim3 grid(static_cast<unsigned>(ceil_div(max_q, kHopRows)), static_cast<unsigned>(pr.H),
-                  static_cast<unsigned>(pr.nb));
-  mha_attn_hopper_kernel<kNope, kV, kPipe><<<grid, kHopThreads, C::kSmemBytes, stream>>>(kv_map, pe_map, pr);
+  const int64_t qbs = ceil_div(max_q, kHopRows);
+  dim3 grid(static_cast<unsigned>(qbs), static_cast<unsigned>(pr.H), static_cast<unsigned>(pr.nb));
+  if (kPing) {
+    const int64_t blocks = qbs * pr.H * pr.nb;
+    if (blocks > 0x7fffffff) return StatusCode::kUnsupported;
+    grid = dim3(static_cast<unsigned>(blocks), 1, 1);
+  }
+  mha_attn_hopper_kernel<kNope, kV, kPipe, kPing><<<grid, kHopThreads, C::kSmemBytes, stream>>>(kv_map, pe_map, pr);
   return last_launch_status();
 }
 

@@ -195,10 +195,11 @@ TEST(GpuMhaKernels, HopperAgreesWithPortable) {
   int major = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   if (major != 9) GTEST_SKIP() << "no sm_90a device";
-  // 2: the serial Hopper kernel (the default), 3: the pipelined one (DSA_MHA_KERNEL=wgmma_pipe).
-  for (int mode : {2, 3})
+  // 2: the serial Hopper kernel (the default), 3: the pipelined one (DSA_MHA_KERNEL=wgmma_pipe),
+  // 4: ping-pong (DSA_MHA_KERNEL=wgmma_pingpong).
+  for (int mode : {2, 3, 4})
   for (const Geo& g : kGeos) {
-    SCOPED_TRACE("qk_nope " + std::to_string(g.nope) + (mode == 3 ? " pipelined" : " serial"));
+    SCOPED_TRACE("qk_nope " + std::to_string(g.nope) + (mode == 4 ? " ping-pong" : mode == 3 ? " pipelined" : " serial"));
     Batch b(55, {{300, 300}, {77, 333}, {128, 200}}, 4, g.nope, g.v, false, 64, false, true);
     DevBatch d(b);
     dsa::gpu::set_mha_kernel(1);
