@@ -445,7 +445,9 @@ def test_fp8_cache_and_shared_indexer_layers(device):
             dsa_hf.remove_dsa(mdl)
         rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1))
         am = (got.argmax(-1) == ref.argmax(-1)).float()
+        wf = int(rel.argmax())
         figures[name] = dict(rel_median=float(rel.median()), rel_max=float(rel.max()), argmax=float(am.mean()),
+                             worst_row=dict(b=wf // rel.shape[1], s=wf % rel.shape[1]),
                              generated=int(gen.shape[1]), roles=owner.roles)
         if name == "fp8_cache":
             assert figures[name]["argmax"] >= ARGMAX_FLOOR, figures
