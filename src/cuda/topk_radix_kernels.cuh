@@ -618,13 +618,10 @@ __global__ void __launch_bounds__(kThreads, 2) topk_rows_kernel(Args a) {
 
 // Split rows, step 1: block (row, s) writes the top-k of keys [s * seg, (s + 1) * seg) of the
 // row, as (value, row position), to the row's slot list s (all of them when it holds <= k).
+// Rows of L > k only (the caller returns or writes the identity for the others).
 template <class T>
-__global__ void __launch_bounds__(kThreads, 2) topk_segments_kernel(Args a) {
-  extern __shared__ uint4 dyn_smem[];
-  __shared__ Shared sh;
-  const int64_t row = blockIdx.x / a.segs, s = blockIdx.x % a.segs;
-  const int64_t L = row_length(a, row);
-  if (L <= a.k) return;  // the merge writes the identity
+__device__ __forceinline__ void segment_winners(const Args& a, int64_t row, int64_t s, int64_t L, uint8_t* smem,
+                                                Shared& sh) {
   int64_t n = L - s * a.seg;
   n = n < 0 ? 0 : (n > a.seg ? a.seg : n);
   const T* x = static_cast<const T*>(a.logits) + row * a.l0 + s * a.seg;
@@ -639,15 +636,37 @@ __global__ void __launch_bounds__(kThreads, 2) topk_segments_kernel(Args a) {
     return;
   }
   Run<T, false> r{x, n};
-  block_topk(r, static_cast<uint32_t>(a.k), reinterpret_cast<uint8_t*>(dyn_smem), sh,
-             [&](uint32_t slot, int64_t pos, uint32_t b) {
-               wv[slot] = __uint_as_float(b);
-               wi[slot] = static_cast<int32_t>(base + pos);
-             });
+  block_topk(r, static_cast<uint32_t>(a.k), smem, sh, [&](uint32_t slot, int64_t pos, uint32_t b) {
+    wv[slot] = __uint_as_float(b);
+    wi[slot] = static_cast<int32_t>(base + pos);
+  });
 }
 
 // Split rows, step 2: the top-k of the row's segs * k slot lists (in ascending position order
-// list by list, so slot order is position order and the tie rule carries over).
+// list by list, so slot order is position order and the tie rule carries over). Rows of L > k.
+// kL2: the lists were written by other blocks of the same launch, so they are read through L2.
+template <bool kL2>
+__device__ __forceinline__ void merge_row(const Args& a, int64_t row, int64_t L, uint8_t* smem, Shared& sh) {
+  int32_t* idx = a.indices + row * a.i0;
+  float* val = a.values ? a.values + row * a.v0 : nullptr;
+  const int32_t* wi = a.ws_idx + row * a.segs * a.k;
+  Run<float, true, kL2> r{a.ws_val + row * a.segs * a.k, a.segs * a.k, a.k, a.seg, L};
+  block_topk(r, static_cast<uint32_t>(a.k), smem, sh, [&](uint32_t slot, int64_t pos, uint32_t b) {
+    idx[slot] = kL2 ? __ldcg(wi + pos) : wi[pos];
+    if (val) val[slot] = __uint_as_float(b);
+  });
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) topk_segments_kernel(Args a) {
+  extern __shared__ uint4 dyn_smem[];
+  __shared__ Shared sh;
+  const int64_t row = blockIdx.x / a.segs, s = blockIdx.x % a.segs;
+  const int64_t L = row_length(a, row);
+  if (L <= a.k) return;  // the merge writes the identity
+  segment_winners<T>(a, row, s, L, reinterpret_cast<uint8_t*>(dyn_smem), sh);
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads, 2) topk_merge_kernel(Args a) {
   extern __shared__ uint4 dyn_smem[];
@@ -658,15 +677,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_merge_kernel(Args a) {
     identity_row<T>(a, row, L);
     return;
   }
-  int32_t* idx = a.indices + row * a.i0;
-  float* val = a.values ? a.values + row * a.v0 : nullptr;
-  const int32_t* wi = a.ws_idx + row * a.segs * a.k;
-  Run<float, true> r{a.ws_val + row * a.segs * a.k, a.segs * a.k, a.k, a.seg, L};
-  block_topk(r, static_cast<uint32_t>(a.k), reinterpret_cast<uint8_t*>(dyn_smem), sh,
-             [&](uint32_t slot, int64_t pos, uint32_t b) {
-               idx[slot] = wi[pos];
-               if (val) val[slot] = __uint_as_float(b);
-             });
+  merge_row<false>(a, row, L, reinterpret_cast<uint8_t*>(dyn_smem), sh);
 }
 
 // Split rows in one launch (DSA_CUDA_TOPK=fused_split): block (row, s) writes its segment's
@@ -685,25 +696,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_fused_split_kernel(Args a, u
     if (s == 0) identity_row<T>(a, row, L);
     return;
   }
-  int64_t n = L - s * a.seg;
-  n = n < 0 ? 0 : (n > a.seg ? a.seg : n);
-  const T* x = static_cast<const T*>(a.logits) + row * a.l0 + s * a.seg;
-  float* wv = a.ws_val + (row * a.segs + s) * a.k;
-  int32_t* wi = a.ws_idx + (row * a.segs + s) * a.k;
-  const int64_t base = s * a.seg;
-  if (n <= a.k) {
-    for (int64_t j = threadIdx.x; j < n; j += kThreads) {
-      wv[j] = load_f32(x, j);
-      wi[j] = static_cast<int32_t>(base + j);
-    }
-  } else {
-    Run<T, false> r{x, n};
-    block_topk(r, static_cast<uint32_t>(a.k), reinterpret_cast<uint8_t*>(dyn_smem), sh,
-               [&](uint32_t slot, int64_t pos, uint32_t b) {
-                 wv[slot] = __uint_as_float(b);
-                 wi[slot] = static_cast<int32_t>(base + pos);
-               });
-  }
+  segment_winners<T>(a, row, s, L, reinterpret_cast<uint8_t*>(dyn_smem), sh);
   // Every thread's slot writes are made device-visible before the block counts itself done.
   __threadfence();
   __syncthreads();
@@ -711,15 +704,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_fused_split_kernel(Args a, u
   __syncthreads();
   if (!last) return;
   __threadfence();  // order the counter read before the slot reads (which go to L2: Run kL2)
-  int32_t* idx = a.indices + row * a.i0;
-  float* val = a.values ? a.values + row * a.v0 : nullptr;
-  const int32_t* mwi = a.ws_idx + row * a.segs * a.k;
-  Run<float, true, true> r{a.ws_val + row * a.segs * a.k, a.segs * a.k, a.k, a.seg, L};
-  block_topk(r, static_cast<uint32_t>(a.k), reinterpret_cast<uint8_t*>(dyn_smem), sh,
-             [&](uint32_t slot, int64_t pos, uint32_t b) {
-               idx[slot] = __ldcg(mwi + pos);
-               if (val) val[slot] = __uint_as_float(b);
-             });
+  merge_row<true>(a, row, L, reinterpret_cast<uint8_t*>(dyn_smem), sh);
 }
 
 }  // namespace topk_radix
