@@ -383,6 +383,42 @@ __device__ __forceinline__ int64_t dense_block(const DecodeProblem& p, int unit,
 // Byte offset of 16-byte chunk `c` (0..7) of row `r` in a 64-row x 128-byte swizzled block.
 __device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
+// Q rows of a piece into the K-major swizzled tile (zero for rows without a query), by kN
+// threads numbered t = 0 .. kN - 1.
+template <bool kSparse, int kN>
+__device__ __forceinline__ void stage_q_rows(const DecodeProblem& p, const UnitInfo& ui, int local, uint8_t* sQ, int t) {
+  for (int i = t; i < kRows * 72; i += kN) {
+    const int r = i / 72, c = i - r * 72;
+    const RowRef rr = row_ref<kSparse>(p, ui, local, r);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (rr.valid) {
+      const uint16_t* src = p.q + static_cast<int64_t>(rr.t) * p.q_s0 + static_cast<int64_t>(rr.h) * p.q_s1 + c * 8;
+      if (p.q_aligned16) {
+        v = __ldg(reinterpret_cast<const uint4*>(src));
+      } else {
+        v.x = src[0] | (uint32_t(src[1]) << 16);
+        v.y = src[2] | (uint32_t(src[3]) << 16);
+        v.z = src[4] | (uint32_t(src[5]) << 16);
+        v.w = src[6] | (uint32_t(src[7]) << 16);
+      }
+    }
+    *reinterpret_cast<uint4*>(sQ + (c >> 3) * kBlockBytes + swz(r, c & 7)) = v;
+  }
+}
+
+// Rows of a loaded page past kv_len may hold NaN: zero the V part (the first 512 columns) of
+// the tile's keys whose mask bit is clear, by kN threads numbered t = 0 .. kN - 1.
+template <int kN>
+__device__ __forceinline__ void zero_invalid_v_rows(uint8_t* tile, uint64_t mask, int t) {
+  for (int i = t; i < kTileKeys * 8 * 8; i += kN) {
+    const int key = i >> 6, rest = i & 63;
+    if (!((mask >> key) & 1)) {
+      const int kb = rest >> 3, c = rest & 7;
+      *reinterpret_cast<uint4*>(tile + kb * kBlockBytes + key * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 __device__ __forceinline__ void named_bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
@@ -696,23 +732,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int kh = wg;  // key half 0..31 / 32..63 and value half 0..255 / 256..511
       const int ctid = tid;  // 0..255 over both consumer warpgroups
       float* sEx = sRowF;
-      for (int i = ctid; i < kRows * 72; i += 256) {
-        const int r = i / 72, c = i - r * 72;
-        const RowRef rr = row_ref<kSparse>(p, ui, pc.local, r);
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (rr.valid) {
-          const uint16_t* src = p.q + static_cast<int64_t>(rr.t) * p.q_s0 + static_cast<int64_t>(rr.h) * p.q_s1 + c * 8;
-          if (p.q_aligned16) {
-            v = __ldg(reinterpret_cast<const uint4*>(src));
-          } else {
-            v.x = src[0] | (uint32_t(src[1]) << 16);
-            v.y = src[2] | (uint32_t(src[3]) << 16);
-            v.z = src[4] | (uint32_t(src[5]) << 16);
-            v.w = src[6] | (uint32_t(src[7]) << 16);
-          }
-        }
-        *reinterpret_cast<uint4*>(sQ + (c >> 3) * kBlockBytes + swz(r, c & 7)) = v;
-      }
+      stage_q_rows<kSparse, 256>(p, ui, pc.local, sQ, ctid);
       hopper::fence_async_smem();
       named_bar_sync(1, 256);
 
@@ -727,13 +747,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kTma && mask != ~0ull) {
           // Rows of a loaded page past kv_len may hold NaN: zero the V part of invalid rows
           // (both warpgroups, before either reads the tile).
-          for (int i = ctid; i < kTileKeys * 8 * 8; i += 256) {
-            const int key = i >> 6, rest = i & 63;
-            if (!((mask >> key) & 1)) {
-              const int kb = rest >> 3, c = rest & 7;
-              *reinterpret_cast<uint4*>(tile + kb * kBlockBytes + key * 128 + c * 16) = make_uint4(0, 0, 0, 0);
-            }
-          }
+          zero_invalid_v_rows<256>(tile, mask, ctid);
           hopper::fence_async_smem();
           named_bar_sync(1, 256);
         }
@@ -838,23 +852,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // sEx is next written after the next piece's bar 1, which both pass after these reads.
     } else if (wg == 0) {
       // Q rows of the piece into shared memory (zero for rows without a query).
-      for (int i = wtid; i < kRows * 72; i += 128) {
-        const int r = i / 72, c = i - r * 72;
-        const RowRef rr = row_ref<kSparse>(p, ui, pc.local, r);
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (rr.valid) {
-          const uint16_t* src = p.q + static_cast<int64_t>(rr.t) * p.q_s0 + static_cast<int64_t>(rr.h) * p.q_s1 + c * 8;
-          if (p.q_aligned16) {
-            v = __ldg(reinterpret_cast<const uint4*>(src));
-          } else {
-            v.x = src[0] | (uint32_t(src[1]) << 16);
-            v.y = src[2] | (uint32_t(src[3]) << 16);
-            v.z = src[4] | (uint32_t(src[5]) << 16);
-            v.w = src[6] | (uint32_t(src[7]) << 16);
-          }
-        }
-        *reinterpret_cast<uint4*>(sQ + (c >> 3) * kBlockBytes + swz(r, c & 7)) = v;
-      }
+      stage_q_rows<kSparse, 128>(p, ui, pc.local, sQ, wtid);
       hopper::fence_async_smem();
       named_bar_sync(1, 128);
 
@@ -868,13 +866,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t mask = sMask[s];
         if (kTma && mask != ~0ull) {
           // Rows of a loaded page past kv_len may hold NaN: zero the V part of invalid rows.
-          for (int i = wtid; i < kTileKeys * 8 * 8; i += 128) {
-            const int key = i >> 6, rest = i & 63;
-            if (!((mask >> key) & 1)) {
-              const int kb = rest >> 3, c = rest & 7;
-              *reinterpret_cast<uint4*>(tile + kb * kBlockBytes + key * 128 + c * 16) = make_uint4(0, 0, 0, 0);
-            }
-          }
+          zero_invalid_v_rows<128>(tile, mask, wtid);
           hopper::fence_async_smem();
           named_bar_sync(1, 128);
         }
