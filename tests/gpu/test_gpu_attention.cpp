@@ -1320,22 +1320,31 @@ TEST(GpuDecodeHopper, DenseGraphReplayWithDeviceLengthChanges) {
   cudaStreamDestroy(stream);
 }
 
+// The sparse FP8 decode case of the SparseFp8DecodeHeadsTopkLengthSink tests: 8 sequences of
+// next_n 2, K 2048, topk_length at its edges (0, 1, 64, K) and random, a sink.
+template <class Used>
+SparseInputs sparse_fp8_decode_case(const HostKv& kv, int64_t H, Used used) {
+  const int64_t B = 8, next_n = 2, T = B * next_n, K = 2048;
+  SparseInputs in;
+  in.q = make_q(T, H, 801 + H);
+  in.K = K;
+  in.indices = random_indices(T, K, kv.num_keys, 802 + H, 0.1, used);
+  FastRng rng(803 + H);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pick = rng.below(6);
+    in.topk_length.push_back(static_cast<int32_t>(pick == 0 ? 0 : pick == 1 ? K : pick == 2 ? 1 : pick == 3 ? 64 : rng.below(K + 1)));
+  }
+  in.sink = random_sink(H, 804 + H);
+  return in;
+}
+
 TEST(GpuDecodeHopper, SparseFp8DecodeHeadsTopkLengthSink) {
   DSA_REQUIRE_GPU();
   auto used = [](int64_t s) { return s % 5 != 2; };
   const HostKv kv = make_kv(KvMode::kPagedFp8, 80, 64, 800, used);
   for (int64_t H : {16, 32, 64, 128}) {
-    const int64_t B = 8, next_n = 2, T = B * next_n, K = 2048;
-    SparseInputs in;
-    in.q = make_q(T, H, 801 + H);
-    in.K = K;
-    in.indices = random_indices(T, K, kv.num_keys, 802 + H, 0.1, used);
-    FastRng rng(803 + H);
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t pick = rng.below(6);
-      in.topk_length.push_back(static_cast<int32_t>(pick == 0 ? 0 : pick == 1 ? K : pick == 2 ? 1 : pick == 3 ? 64 : rng.below(K + 1)));
-    }
-    in.sink = random_sink(H, 804 + H);
+    const SparseInputs in = sparse_fp8_decode_case(kv, H, used);
+    const int64_t T = in.q.T;
     const std::string what = "sparse fp8 H=" + std::to_string(H);
     const Ref ref = reference(kv, in.q, sparse_keys(kv, in), in.sink, all_of(T), sample_heads(H));
     const Result g = run_sparse(kv, in, true);
@@ -1517,17 +1526,8 @@ TEST(GpuDecodeHopperSplitS, SparseFp8DecodeHeadsTopkLengthSink) {
   auto used = [](int64_t s) { return s % 5 != 2; };
   const HostKv kv = make_kv(KvMode::kPagedFp8, 80, 64, 800, used);
   for (int64_t H : {16, 32, 64, 128}) {
-    const int64_t B = 8, next_n = 2, T = B * next_n, K = 2048;
-    SparseInputs in;
-    in.q = make_q(T, H, 801 + H);
-    in.K = K;
-    in.indices = random_indices(T, K, kv.num_keys, 802 + H, 0.1, used);
-    FastRng rng(803 + H);
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t pick = rng.below(6);
-      in.topk_length.push_back(static_cast<int32_t>(pick == 0 ? 0 : pick == 1 ? K : pick == 2 ? 1 : pick == 3 ? 64 : rng.below(K + 1)));
-    }
-    in.sink = random_sink(H, 804 + H);
+    const SparseInputs in = sparse_fp8_decode_case(kv, H, used);
+    const int64_t T = in.q.T;
     const std::string what = "split_s sparse fp8 H=" + std::to_string(H);
     const Ref ref = reference(kv, in.q, sparse_keys(kv, in), in.sink, all_of(T), sample_heads(H));
     Result g, again;
