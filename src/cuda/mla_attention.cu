@@ -174,8 +174,8 @@ StatusCode launch_sparse_sm90(Kernel kernel, int smem_bytes, std::atomic<uint64_
   return last_launch_status();
 }
 
-// kAsync: the producer releases tiles with cp.async-tracked mbarrier arrivals (DSA_SPARSE_KERNEL=
-// async_gather; mla_attention_sm90_kernels.cuh, produce()).
+// kAsync: the producer releases tiles with cp.async-tracked mbarrier arrivals (the default for
+// H <= 32, see sparse_async_gather; mla_attention_sm90_kernels.cuh, produce()).
 template <int kKv, bool kAsync>
 StatusCode launch_sparse_wgmma_as(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
   static std::atomic<uint64_t> done64{0}, done8{0}, done16{0}, done32{0};
@@ -198,17 +198,22 @@ StatusCode launch_sparse_wgmma_as(const Problem& pr, const SplitPlan& plan, cuda
                             plan, stream);
 }
 
-// DSA_SPARSE_KERNEL=async_gather selects the Hopper variant whose producer never waits for its
-// own copies (until the H200 has checked it; default off). Read per call so tests can switch it.
-bool sparse_async_gather() {
+// Which producer the Hopper BF16 kernels run. Default: the async-gather one (tracked arrivals,
+// two tiles in flight) for H <= 32, where it measured 28-31% faster on the H200 (docs/perf.md,
+// round 3); the blocking one for H >= 64, where both ran equally fast (the consumer chain is
+// the limit there). DSA_SPARSE_KERNEL=async_gather or sync_gather forces one for every H (tests,
+// the bench). Read per call so tests can switch it.
+bool sparse_async_gather(int64_t heads) {
   const char* v = std::getenv("DSA_SPARSE_KERNEL");
-  return v != nullptr && std::strcmp(v, "async_gather") == 0;
+  if (v != nullptr && std::strcmp(v, "async_gather") == 0) return true;
+  if (v != nullptr && std::strcmp(v, "sync_gather") == 0) return false;
+  return heads <= 32;
 }
 
 template <int kKv>
 StatusCode launch_sparse_wgmma(const Problem& pr, const SplitPlan& plan, cudaStream_t stream) {
-  return sparse_async_gather() ? launch_sparse_wgmma_as<kKv, true>(pr, plan, stream)
-                               : launch_sparse_wgmma_as<kKv, false>(pr, plan, stream);
+  return sparse_async_gather(pr.H) ? launch_sparse_wgmma_as<kKv, true>(pr, plan, stream)
+                                   : launch_sparse_wgmma_as<kKv, false>(pr, plan, stream);
 }
 
 // DSA_FORCE_KERNEL=mma_sync keeps the mma.sync kernel on sm_90a too (tests compare the two;
@@ -300,7 +305,7 @@ StatusCode sparse_mla(const SparseMlaParams& p) {
 const char* sparse_mla_kernel_name(const SparseMlaParams& p) {
   if (decode::sparse_chosen(p)) return decode::sparse_name(decode::split_s_selected());
   if (!sparse_uses_wgmma(p, forced_mma_sync())) return "sparse_mla.mma_sync";
-  if (sparse_async_gather())
+  if (sparse_async_gather(p.q.shape[1]))
     return p.q.shape[1] <= 32 ? "sparse_mla.wgmma_bf16_few_heads_async" : "sparse_mla.wgmma_bf16_async";
   return p.q.shape[1] <= 32 ? "sparse_mla.wgmma_bf16_few_heads" : "sparse_mla.wgmma_bf16";
 }

@@ -150,8 +150,8 @@ __device__ __forceinline__ const uint8_t* key_row(const Problem& p, int64_t slot
 // consecutive tiles overlap (the bytes in flight never drain to zero between tiles). Used where
 // the producer is the bottleneck (few heads: consumers take alternate buffers and finish fast);
 // where the consumers are (64 heads), it would add the next tile's issue time to their wait.
-// kAsync (DSA_SPARSE_KERNEL=async_gather): no wait on the producer's own copies. Each part's
-// release is a cp.async-tracked arrival (hopper::cp_async_mbar_arrive_noinc), so the producer
+// kAsync (the default for H <= 32; DSA_SPARSE_KERNEL=async_gather / sync_gather force it on or
+// off): no wait on the producer's own copies. Each part's release is a cp.async-tracked arrival (hopper::cp_async_mbar_arrive_noinc), so the producer
 // issues tile it + 1 as soon as its buffer is free instead of after tile it landed: two tiles'
 // bytes in flight instead of one, the gather no longer drains to zero between tiles. full[b]
 // then counts 256 arrivals (128 tracked + 128 ordinary ones that publish the valid flags),

@@ -13,6 +13,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_ops.h"
@@ -754,8 +755,9 @@ struct ForceMmaSync {
   ~ForceMmaSync() { unsetenv("DSA_FORCE_KERNEL"); }
 };
 
-// DSA_SPARSE_KERNEL=async_gather: the Hopper variant whose producer releases tiles with
-// cp.async-tracked mbarrier arrivals (same arithmetic as the default wgmma kernels).
+// DSA_SPARSE_KERNEL=async_gather / sync_gather: the Hopper producer that releases tiles with
+// cp.async-tracked mbarrier arrivals, or the one that waits for its copies (same arithmetic).
+// The default is async for H <= 32, sync above.
 struct ScopedSparseKernel {
   explicit ScopedSparseKernel(const char* v) { setenv("DSA_SPARSE_KERNEL", v, 1); }
   ~ScopedSparseKernel() { unsetenv("DSA_SPARSE_KERNEL"); }
@@ -770,7 +772,15 @@ bool device_is_sm90() {
 // What the launcher should choose for these keys and heads (16-byte-aligned q).
 const char* expected_kernel(const HostKv& kv, int64_t H) {
   if (!device_is_sm90() || kv.mode == KvMode::kPagedFp8) return "sparse_mla.mma_sync";
-  return H <= 32 ? "sparse_mla.wgmma_bf16_few_heads" : "sparse_mla.wgmma_bf16";
+  return H <= 32 ? "sparse_mla.wgmma_bf16_few_heads_async" : "sparse_mla.wgmma_bf16";
+}
+
+// The producer the default does not run for H, as (DSA_SPARSE_KERNEL value, kernel name).
+std::pair<const char*, std::string> other_producer(const std::string& def) {
+  const std::string async = "_async";
+  if (def.size() > async.size() && def.compare(def.size() - async.size(), async.size(), async) == 0)
+    return {"sync_gather", def.substr(0, def.size() - async.size())};
+  return {"async_gather", def + async};
 }
 
 const char* kernel_for(const HostKv& kv, const SparseInputs& in) {
@@ -805,23 +815,24 @@ void check_both_kernels(const HostKv& kv, const SparseInputs& in, const Ref& ref
   }
   expect_matches(b, ref, 2.0, (what + ": mma.sync kernel").c_str());
   expect_backends_agree(a, b, ref, 3.0, (what + ": default vs mma.sync").c_str());
-  // The async-gather variant (sm_90a BF16 caches only; elsewhere the switch changes nothing):
-  // the same reference and tolerance, repeatable, and bit-identical to the default kernel,
-  // whose arithmetic it shares (only the producer's release of the key tiles differs).
+  // The other producer (sm_90a BF16 caches only; elsewhere the switch changes nothing): the
+  // same reference and tolerance, repeatable, and bit-identical to the default kernel, whose
+  // arithmetic it shares (only the producer's release of the key tiles differs).
   const std::string def = expected_kernel(kv, in.q.H);
   if (def == "sparse_mla.mma_sync") return;
-  ScopedSparseKernel async("async_gather");
-  const std::string want = def + "_async";
+  const auto other = other_producer(def);
+  ScopedSparseKernel force_other(other.first);
+  const std::string& want = other.second;
   EXPECT_EQ(std::string(kernel_for(kv, in)), want) << what;
   const Result c = run_sparse(kv, in, true, os);
   launched = dsa::last_kernel_name();
   launched = launched.substr(0, launched.find('+'));
   EXPECT_EQ(launched, want) << what;
-  expect_matches(c, ref, 2.0, (what + ": async-gather kernel").c_str());
+  expect_matches(c, ref, 2.0, (what + ": " + other.first + " kernel").c_str());
   const Result c2 = run_sparse(kv, in, true, os);
-  EXPECT_TRUE(c.raw == c2.raw) << what << ": async-gather repeated runs differ";
-  EXPECT_TRUE(c.raw == a.raw) << what << ": async-gather differs from the default kernel";
-  EXPECT_EQ(0, std::memcmp(c.lse.data(), a.lse.data(), a.lse.size() * 4)) << what << ": async-gather lse differ";
+  EXPECT_TRUE(c.raw == c2.raw) << what << ": " << other.first << " repeated runs differ";
+  EXPECT_TRUE(c.raw == a.raw) << what << ": " << other.first << " differs from the default kernel";
+  EXPECT_EQ(0, std::memcmp(c.lse.data(), a.lse.data(), a.lse.size() * 4)) << what << ": " << other.first << " lse differ";
 }
 
 TEST(GpuSparseMlaWgmma, KernelChoice) {
@@ -853,6 +864,14 @@ TEST(GpuSparseMlaWgmma, KernelChoice) {
     few.q = make_q(1, 16, 1);
     few.K = 4;
     EXPECT_STREQ(kernel_for(flat, few), "sparse_mla.wgmma_bf16_few_heads_async");
+  }
+  if (device_is_sm90()) {
+    ScopedSparseKernel sync("sync_gather");
+    EXPECT_STREQ(kernel_for(flat, in), "sparse_mla.wgmma_bf16");
+    SparseInputs few;
+    few.q = make_q(1, 16, 1);
+    few.K = 4;
+    EXPECT_STREQ(kernel_for(flat, few), "sparse_mla.wgmma_bf16_few_heads");
   }
   in.q.s1 = D + 3;  // queries without 16-byte rows stay on mma.sync
   in.q.s0 = 64 * in.q.s1;
