@@ -1,13 +1,15 @@
 // Launchers of the indexer logits family: indexer_logits (flat keys), indexer_logits_paged.
 // Kernel choice, in order:
 //  * sm_90a device, H_idx <= 64, 16-byte aligned q and keys (paged: page size 64): the Hopper
-//    FP8 wgmma kernel (indexer_logits_wgmma.cuh);
+//    FP8 wgmma kernel (indexer_logits_wgmma.cuh); prefill row blocks (flat, and paged rows) run
+//    its overlap form (each tile's MMA in two halves, the epilogue under the tensor cores: 3-8%
+//    faster on the H200, docs/perf.md round 3), decode blocks its decode form;
 //  * H_idx <= 64: the mma.sync f16 tensor-core kernel (grid: x = row, y = column chunk);
 //  * otherwise: the SIMT kernel.
 // DSA_CUDA_LOGITS forces one: "mma" (mma.sync), "simt"; "wgmma_mma_only" runs the wgmma
 // kernel without its epilogue (flat only; a timing hook: logits are left unwritten);
-// "wgmma_overlap" runs the wgmma variant whose epilogue overlaps the MMA (prefill row blocks,
-// flat and paged; opt-in until the H200 has checked it).
+// "wgmma_serial" runs the prefill row blocks with the serial epilogue (after each tile's MMA;
+// the default until round 3), "wgmma_overlap" the default overlap form.
 #include <cstdlib>
 #include <cstring>
 
@@ -41,9 +43,9 @@ logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc&
   return a;
 }
 
-enum class Forced { kNone, kSimt, kMma, kWgmmaMmaOnly, kWgmmaOverlap };
+enum class Forced { kNone, kSimt, kMma, kWgmmaMmaOnly, kWgmmaOverlap, kWgmmaSerial };
 
-// DSA_CUDA_LOGITS=simt|mma|wgmma_mma_only|wgmma_overlap (diagnosis on a new device, tests, the bench hook).
+// DSA_CUDA_LOGITS=simt|mma|wgmma_mma_only|wgmma_overlap|wgmma_serial (diagnosis on a new device, tests, the bench hook).
 // Read once per call (tests switch it between calls).
 Forced forced_kernel() {
   const char* v = std::getenv("DSA_CUDA_LOGITS");
@@ -52,10 +54,14 @@ Forced forced_kernel() {
   if (std::strcmp(v, "mma") == 0) return Forced::kMma;
   if (std::strcmp(v, "wgmma_mma_only") == 0) return Forced::kWgmmaMmaOnly;
   if (std::strcmp(v, "wgmma_overlap") == 0) return Forced::kWgmmaOverlap;
+  if (std::strcmp(v, "wgmma_serial") == 0) return Forced::kWgmmaSerial;
   return Forced::kNone;
 }
+// Prefill row blocks take the overlap form unless the serial one (or the timing hook) is asked.
+bool overlap_rows(Forced f) { return f == Forced::kNone || f == Forced::kWgmmaOverlap; }
 bool wgmma_allowed(int64_t heads, Forced f) {
-  return heads <= 64 && (f == Forced::kNone || f == Forced::kWgmmaMmaOnly || f == Forced::kWgmmaOverlap) &&
+  return heads <= 64 &&
+         (f == Forced::kNone || f == Forced::kWgmmaMmaOnly || f == Forced::kWgmmaOverlap || f == Forced::kWgmmaSerial) &&
          hopper::current_device_is_sm90a();
 }
 
@@ -95,11 +101,11 @@ StatusCode indexer_logits(const IndexerLogitsParams& p) {
   if (wgmma_allowed(p.q.shape[1], forced)) {
     bool served = false;
     const StatusCode st =
-        logits_wg::launch_flat(p, forced == Forced::kWgmmaMmaOnly, forced == Forced::kWgmmaOverlap, &served);
+        logits_wg::launch_flat(p, forced == Forced::kWgmmaMmaOnly, overlap_rows(forced), &served);
     if (served) {
-      note_kernel(forced == Forced::kWgmmaMmaOnly   ? "indexer_logits.wgmma_fp8_mma_only"
-                  : forced == Forced::kWgmmaOverlap ? "indexer_logits.wgmma_fp8_overlap"
-                                                    : "indexer_logits.wgmma_fp8");
+      note_kernel(forced == Forced::kWgmmaMmaOnly ? "indexer_logits.wgmma_fp8_mma_only"
+                  : overlap_rows(forced)          ? "indexer_logits.wgmma_fp8_overlap"
+                                                  : "indexer_logits.wgmma_fp8");
       return st;
     }
   }
@@ -120,10 +126,10 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   // skip_rows_up_to is honoured by the mma.sync and SIMT kernels (the wgmma kernel's row blocks
   // do not skip rows yet): a call that skips rows takes them.
   const Forced forced = forced_kernel();
-  if ((forced == Forced::kNone || forced == Forced::kWgmmaOverlap) && p.skip_rows_up_to == 0 &&
-      wgmma_allowed(p.q.shape[1], forced)) {
+  if ((forced == Forced::kNone || forced == Forced::kWgmmaOverlap || forced == Forced::kWgmmaSerial) &&
+      p.skip_rows_up_to == 0 && wgmma_allowed(p.q.shape[1], forced)) {
     bool served = false;
-    const bool overlap = forced == Forced::kWgmmaOverlap;
+    const bool overlap = overlap_rows(forced);
     const StatusCode st = logits_wg::launch_paged(p, overlap, &served);
     if (served) {
       // The overlap variant serves the prefill-shaped row blocks; decode blocks keep the default.

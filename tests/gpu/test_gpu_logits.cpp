@@ -42,10 +42,11 @@ std::string last_kernel_name_note(double rel) {
 
 bool device_is_sm90();
 
-// DSA_CUDA_LOGITS=wgmma_overlap (the variant whose epilogue overlaps the MMA) is set.
-bool overlap_forced() {
+// The wgmma kernel's prefill row blocks should run the overlap form (the epilogue under the
+// MMA): the default, and DSA_CUDA_LOGITS=wgmma_overlap; not wgmma_serial, mma, simt.
+bool overlap_expected() {
   const char* v = std::getenv("DSA_CUDA_LOGITS");
-  return v != nullptr && std::strcmp(v, "wgmma_overlap") == 0;
+  return v == nullptr || std::strcmp(v, "wgmma_overlap") == 0;
 }
 
 bool device_is_sm90() {
@@ -412,7 +413,7 @@ void run_paged_pair(const PagedCache& pc, const Queries& Q, int64_t next_n, cons
   gp.logits = dev_tensor(dout, DType::kF32, {R, W});
   DSA_ASSERT_OK(indexer_logits_paged(gp));
   out->rel = launched_rel();
-  if (overlap_forced() && H <= 64 && device_is_sm90() && (row_seq != nullptr || next_n > 4)) {
+  if (overlap_expected() && H <= 64 && device_is_sm90() && (row_seq != nullptr || next_n > 4)) {
     EXPECT_NE(std::strstr(dsa::last_kernel_name(), "wgmma_fp8_rows_overlap"), nullptr)
         << "expected the overlap variant, ran " << last_kernel_name_note(out->rel);
   }
@@ -668,7 +669,7 @@ std::vector<float> flat_vs_oracle(int64_t H, int64_t N, const std::vector<int32_
   if (std::getenv("DSA_CUDA_LOGITS") == nullptr && H <= 64 && device_is_sm90()) {
     EXPECT_GT(rel, 0.0) << "expected the wgmma kernel on sm_90, ran " << last_kernel_name_note(rel);
   }
-  if (overlap_forced() && H <= 64 && device_is_sm90()) {
+  if (overlap_expected() && H <= 64 && device_is_sm90()) {
     EXPECT_NE(std::strstr(dsa::last_kernel_name(), "wgmma_fp8_overlap"), nullptr) << "expected the overlap variant, ran "
                                                                                   << last_kernel_name_note(rel);
   }
@@ -947,7 +948,7 @@ TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
   gp.k_scale = dev_tensor(dsc, DType::kF32, {N});
   gp.ks = dev_tensor(dks, DType::kI32, {M});
   gp.ke = dev_tensor(dke, DType::kI32, {M});
-  for (const char* kernel : {"", "mma", "wgmma_overlap"}) {
+  for (const char* kernel : {"", "mma", "wgmma_serial"}) {
     SCOPED_TRACE(kernel);
     std::unique_ptr<ScopedLogitsKernel> force;
     if (*kernel) force.reset(new ScopedLogitsKernel(kernel));
@@ -985,16 +986,17 @@ TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
   for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(b[i], float_to_bf16(f[i])) << i;
 }
 
-// The overlap variant of the wgmma kernel (DSA_CUDA_LOGITS=wgmma_overlap: each tile's MMA in two
+// The serial form of the wgmma kernel's prefill row blocks (DSA_CUDA_LOGITS=wgmma_serial: the
+// epilogue after each tile's MMA; the default is the overlap form, each tile's MMA in two
 // halves, pingpong between the consumer warpgroups) on the default kernel's oracle tests: flat
 // tile edges (rows of length 0/1/63/64/65, ranges skipping tiles, row counts off the row block,
 // H 8/16/24/32/64, column tiles), a 128K-key context, paged prefill rows straddling sequences
 // and the general form with bad device data (unresolvable pages: -inf exactly). Same
 // tolerances (the kernel name carries "wgmma"); only on sm_90a, where the variant runs.
-TEST(GpuLogits, WgmmaOverlapVariantMatchesOracle) {
+TEST(GpuLogits, WgmmaSerialVariantMatchesOracle) {
   DSA_REQUIRE_GPU();
-  if (!device_is_sm90()) GTEST_SKIP() << "the overlap variant runs on sm_90a only";
-  ScopedLogitsKernel force("wgmma_overlap");
+  if (!device_is_sm90()) GTEST_SKIP() << "the wgmma kernel runs on sm_90a only";
+  ScopedLogitsKernel force("wgmma_serial");
   wgmma_flat_tile_edges();
   if (::testing::Test::HasFailure()) return;
   run_flat(FlatCase{64, {131072}, {2}, 131072, 0}, 333);
