@@ -113,10 +113,11 @@ class Attention(nn.Module):
         self.kv_a_layernorm = RMS(512)
         self.kv_b_proj = nn.Linear(512, H * (NOPE + V), bias=False)
         self.o_proj = nn.Linear(H * V, D, bias=False)
-        self.indexer = Indexer(cfg.index_topk)
+        self.shared = getattr(cfg, "indexer_types", ["full"] * 99)[layer_idx] == "shared"
+        # A shared layer carries no indexer weights (as GLM-5.2's IndexShare layers).
+        self.indexer = None if self.shared else Indexer(cfg.index_topk)
         self.scaling = (NOPE + 64) ** -0.5
         self.style = style
-        self.shared = getattr(cfg, "indexer_types", ["full"] * 99)[layer_idx] == "shared"
 
     def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
         return self.reference(apply_rope_half, hidden_states, position_embeddings, attention_mask, past_key_values,
@@ -276,7 +277,8 @@ def test_sparse_route_selections_and_logits(family):
     ids = torch.randint(0, VOCAB, (1, 150))
     taps = {}
     hooks = [l.self_attn.indexer.register_forward_hook(
-        lambda mod, a, out, i=i: taps.__setitem__(i, out[0][0].numpy())) for i, l in enumerate(m.model.layers)]
+        lambda mod, a, out, i=i: taps.__setitem__(i, out[0][0].numpy()))
+        for i, l in enumerate(m.model.layers) if l.self_attn.indexer is not None]
     with torch.no_grad():
         ref = m(ids)
     for h in hooks:
@@ -357,6 +359,10 @@ def test_refusals_name_what_is_unsupported():
     with pytest.raises(dsa_hf.UnsupportedModelError, match="layer 1: kv_b_proj is quantised"):
         dsa_hf.use_dsa(m)
     del m.model.layers[1].self_attn.kv_b_proj.weight_scale_inv
+    ix, m.model.layers[1].self_attn.indexer = m.model.layers[1].self_attn.indexer, None
+    with pytest.raises(dsa_hf.UnsupportedModelError, match="layer 1: the attention .* has no indexer "):
+        dsa_hf.use_dsa(m)  # a full layer (no indexer_types) needs its indexer; a shared one may lack it
+    m.model.layers[1].self_attn.indexer = ix
     owner = dsa_hf.use_dsa(m)
     try:
         class StaticCache(MiniDynamicCache):

@@ -32,8 +32,7 @@ from ._mla_math import UnsupportedModelError
 from ._paged import PagedKV, StepRunner, run_mla_layer
 
 FAMILIES = {"glm_moe_dsa": "glm-5", "deepseek_v32": "deepseek-v3.2"}
-_ATTN_PARTS = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj",
-               "indexer")
+_ATTN_PARTS = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
 _INDEXER_PARTS = ("wq_b", "wk", "k_norm", "weights_proj")
 
 __all__ = ["use_dsa", "remove_dsa", "UnsupportedModelError", "DsaModel", "tiny_model", "main"]
@@ -84,10 +83,14 @@ def _base_model(model):
     raise UnsupportedModelError("use_dsa: model: found no decoder with .layers and .rotary_emb (%s)" % type(model).__name__)
 
 
-def _check_attention(i, attn):
+def _check_attention(i, attn, role):
+    """The layer's MLA projections, and its indexer where it selects (role 'full'): a 'shared'
+    layer reuses the selection before it and may carry no indexer (GLM-5.2 IndexShare layers
+    have indexer None)."""
     missing = [p for p in _ATTN_PARTS if getattr(attn, p, None) is None]
-    if not missing:
-        missing = ["indexer." + p for p in _INDEXER_PARTS if getattr(attn.indexer, p, None) is None]
+    if not missing and role == "full":
+        ix = getattr(attn, "indexer", None)
+        missing = ["indexer"] if ix is None else ["indexer." + p for p in _INDEXER_PARTS if getattr(ix, p, None) is None]
     if missing:
         raise UnsupportedModelError("use_dsa: layer %d: the attention (%s) has no %s (DSA needs the q_lora MLA "
                                     "projections and the DSA indexer)" % (i, type(attn).__name__, ", ".join(missing)))
@@ -121,7 +124,15 @@ class DsaModel:
         self.attns = [getattr(layer, "self_attn", None) for layer in layers]
         if not self.attns or any(a is None for a in self.attns):
             raise UnsupportedModelError("use_dsa: every decoder layer needs a self_attn module")
-        devices = {_check_attention(i, a) for i, a in enumerate(self.attns)}
+        # Roles: the module's own skip_topk (GLM-5.2-style shared indexers) where it has one.
+        roles = mm.indexer_roles(self.config, len(self.attns))
+        for i, a in enumerate(self.attns):
+            if hasattr(a, "skip_topk"):
+                roles[i] = "shared" if a.skip_topk else "full"
+        if roles[0] != "full":
+            raise UnsupportedModelError("use_dsa: layer 0 is a shared-indexer layer: nothing before it selects")
+        self.roles = roles
+        devices = {_check_attention(i, a, roles[i]) for i, a in enumerate(self.attns)}
         if len(devices) != 1:
             raise UnsupportedModelError("use_dsa: the attention layers sit on several devices (%s): one DSA plan serves "
                                         "one device" % ", ".join(sorted(str(d) for d in devices)))
@@ -156,14 +167,6 @@ class DsaModel:
                 got = getattr(a, name, want)
                 if got != want:
                     raise UnsupportedModelError("use_dsa: layer %d: %s = %r differs from the config's %r" % (i, name, got, want))
-        # Roles: the module's own skip_topk (GLM-5.2-style shared indexers) where it has one.
-        roles = mm.indexer_roles(self.config, len(self.attns))
-        for i, a in enumerate(self.attns):
-            if hasattr(a, "skip_topk"):
-                roles[i] = "shared" if a.skip_topk else "full"
-        if roles[0] != "full":
-            raise UnsupportedModelError("use_dsa: layer 0 is a shared-indexer layer: nothing before it selects")
-        self.roles = roles
         self.sm_scales = [float(getattr(a, "scaling")) for a in self.attns]
         geom["sm_scale"] = self.sm_scales[0]
         max_context = int(max_context or geom["max_positions"])
