@@ -9,7 +9,9 @@
 // DSA_CUDA_LOGITS forces one: "mma" (mma.sync), "simt"; "wgmma_mma_only" runs the wgmma
 // kernel without its epilogue (flat only; a timing hook: logits are left unwritten);
 // "wgmma_serial" runs the prefill row blocks with the serial epilogue (after each tile's MMA;
-// the default until round 3), "wgmma_overlap" the default overlap form.
+// the default until round 3), "wgmma_overlap" the default overlap form. Paged decode blocks:
+// "wgmma_decode_serial" (one CTA per SM), "wgmma_decode_2cta" (the default: two CTAs per SM for
+// blocks of next_n x heads <= 64 columns); see logits_wg::DecodeForm.
 #include <cstdlib>
 #include <cstring>
 
@@ -43,9 +45,13 @@ logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc&
   return a;
 }
 
-enum class Forced { kNone, kSimt, kMma, kWgmmaMmaOnly, kWgmmaOverlap, kWgmmaSerial };
+enum class Forced {
+  kNone, kSimt, kMma, kWgmmaMmaOnly, kWgmmaOverlap, kWgmmaSerial,
+  kWgmmaDecodeSerial, kWgmmaDecode2Cta
+};
 
-// DSA_CUDA_LOGITS=simt|mma|wgmma_mma_only|wgmma_overlap|wgmma_serial (diagnosis on a new device, tests, the bench hook).
+// DSA_CUDA_LOGITS=simt|mma|wgmma_mma_only|wgmma_overlap|wgmma_serial|wgmma_decode_{serial,2cta}
+// (diagnosis on a new device, tests, the bench hook).
 // Read once per call (tests switch it between calls).
 Forced forced_kernel() {
   const char* v = std::getenv("DSA_CUDA_LOGITS");
@@ -55,13 +61,24 @@ Forced forced_kernel() {
   if (std::strcmp(v, "wgmma_mma_only") == 0) return Forced::kWgmmaMmaOnly;
   if (std::strcmp(v, "wgmma_overlap") == 0) return Forced::kWgmmaOverlap;
   if (std::strcmp(v, "wgmma_serial") == 0) return Forced::kWgmmaSerial;
+  if (std::strcmp(v, "wgmma_decode_serial") == 0) return Forced::kWgmmaDecodeSerial;
+  if (std::strcmp(v, "wgmma_decode_2cta") == 0) return Forced::kWgmmaDecode2Cta;
   return Forced::kNone;
 }
 // Prefill row blocks take the overlap form unless the serial one (or the timing hook) is asked.
-bool overlap_rows(Forced f) { return f == Forced::kNone || f == Forced::kWgmmaOverlap; }
+bool decode_forced(Forced f) {
+  return f == Forced::kWgmmaDecodeSerial || f == Forced::kWgmmaDecode2Cta;
+}
+bool overlap_rows(Forced f) { return f == Forced::kNone || f == Forced::kWgmmaOverlap || decode_forced(f); }
+logits_wg::DecodeForm decode_form(Forced f) {
+  return f == Forced::kWgmmaDecodeSerial ? logits_wg::DecodeForm::kSerial
+         : f == Forced::kWgmmaDecode2Cta ? logits_wg::DecodeForm::kTwoCtas
+                                         : logits_wg::DecodeForm::kDefault;
+}
 bool wgmma_allowed(int64_t heads, Forced f) {
   return heads <= 64 &&
-         (f == Forced::kNone || f == Forced::kWgmmaMmaOnly || f == Forced::kWgmmaOverlap || f == Forced::kWgmmaSerial) &&
+         (f == Forced::kNone || f == Forced::kWgmmaMmaOnly || f == Forced::kWgmmaOverlap || f == Forced::kWgmmaSerial ||
+          decode_forced(f)) &&
          hopper::current_device_is_sm90a();
 }
 
@@ -126,16 +143,16 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   // skip_rows_up_to is honoured by the mma.sync and SIMT kernels (the wgmma kernel's row blocks
   // do not skip rows yet): a call that skips rows takes them.
   const Forced forced = forced_kernel();
-  if ((forced == Forced::kNone || forced == Forced::kWgmmaOverlap || forced == Forced::kWgmmaSerial) &&
-      p.skip_rows_up_to == 0 && wgmma_allowed(p.q.shape[1], forced)) {
+  if (forced != Forced::kSimt && forced != Forced::kMma && forced != Forced::kWgmmaMmaOnly && p.skip_rows_up_to == 0 &&
+      wgmma_allowed(p.q.shape[1], forced)) {
     bool served = false;
     const bool overlap = overlap_rows(forced);
-    const StatusCode st = logits_wg::launch_paged(p, overlap, &served);
+    const StatusCode st = logits_wg::launch_paged(p, overlap, decode_form(forced), &served);
     if (served) {
-      // The overlap variant serves the prefill-shaped row blocks; decode blocks keep the default.
+      // The overlap variant serves the prefill-shaped row blocks; decode blocks have their own.
       const bool rows = p.row_seq.present() || p.next_n > 4;
       note_kernel(rows ? (overlap ? "indexer_logits_paged.wgmma_fp8_rows_overlap" : "indexer_logits_paged.wgmma_fp8_rows")
-                       : "indexer_logits_paged.wgmma_fp8_decode");
+                  : logits_wg::decode_kernel_name(decode_form(forced), p.q.shape[1], p.next_n));
       return st;
     }
   }

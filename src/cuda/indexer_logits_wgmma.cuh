@@ -42,6 +42,16 @@ constexpr int kThreads = 384;                 // producer warpgroup + 2 consumer
 constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = 224;  // 128 * 56 + 256 * 224 = 64512 = 168 * 384, the CTA's registers at launch
 constexpr int kMaxN = 256;                    // wgmma N limit: kRows * kHeads
+// Decode blocks of N <= 64 columns run two CTAs per SM (kCtas = 2): their consumers are bound
+// by the latency of one tile's chain (full wait, 4 wgmma, wait, epilogue, release), not by the
+// tensor cores or the ring, so twice the consumer warpgroups per SM stream twice the tiles.
+// Each CTA then has a 10-stage ring (20 per SM) and 80 registers a thread at launch (ptxas
+// spills 36-240 bytes a thread at that budget, whatever the setmaxnreg split; 56 / 80 spilled
+// least over the instantiations).
+constexpr int stages_of(int ctas) { return ctas == 1 ? kStages : 10; }
+constexpr int producer_regs(int ctas) { return ctas == 1 ? kProducerRegs : 56; }
+constexpr int consumer_regs(int ctas) { return ctas == 1 ? kConsumerRegs : 80; }
+constexpr int kDecodeMaxN2 = 64;              // widest decode block that runs 2 CTAs per SM
 // Rows of a prefill-shaped block: N = 256 columns, except 16 heads: 8 rows, N = 128 (16 rows
 // spill in the paged instantiation; 16 heads is not a model's shape).
 constexpr int prefill_rows(int heads) { return heads == 16 ? 8 : kMaxN / heads; }
@@ -276,24 +286,27 @@ __device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const float
 }
 
 // Shared memory of one CTA (offsets from a 1024-aligned base).
-template <int kN, int kRows>
+template <int kN, int kRows, int kStagesN = kStages>
 struct Smem {
   static constexpr int kTiles = 0;
-  static constexpr int kScales = kTiles + kStages * kTileBytes;  // kStages x 64 f32
-  static constexpr int kQ = kScales + kStages * kTileKeys * 4;
+  static constexpr int kScales = kTiles + kStagesN * kTileBytes;  // kStagesN x 64 f32
+  // q is a 128-byte-swizzled wgmma operand: 1024-aligned (10 stages' scales end off it).
+  static constexpr int kQ = (kScales + kStagesN * kTileKeys * 4 + 1023) / 1024 * 1024;
   static constexpr int kW = kQ + kN * kD;
   static constexpr int kRowsOff = kW + kN * 4;
   static constexpr int kBars = kRowsOff + kRows * static_cast<int>(sizeof(RowInfo));
-  static constexpr int kBytes = kBars + 2 * kStages * 8;
+  static constexpr int kBytes = kBars + 2 * kStagesN * 8;
   static constexpr int kAlloc = kBytes + 1024;  // alignment slack of the dynamic base
+  static_assert(kTiles % 1024 == 0 && kTileBytes % 1024 == 0 && kQ % 1024 == 0, "swizzled operands 1024-aligned");
 };
 
 // kEpilogue = false: the MMA-only measurement variant (no logits written; the bench hook
 // DSA_CUDA_LOGITS=wgmma_mma_only), to report the epilogue's share of the time.
 // kOverlap: the variant whose MMA of each tile is issued in two halves so that the epilogue
 // overlaps the tensor cores (DSA_CUDA_LOGITS=wgmma_overlap; prefill row blocks).
-template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false>
-__global__ void __launch_bounds__(kThreads, 1)
+// kCtas: CTAs per SM (2: decode blocks of N <= kDecodeMaxN2, see stages_of).
+template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1>
+__global__ void __launch_bounds__(kThreads, kCtas)
     logits_wgmma_kernel(const Args a, const Keys keys, const __grid_constant__ CUtensorMap kmap,
                         const __grid_constant__ CUtensorMap smap) {
 #if DSA_HOPPER_DEVICE
@@ -301,7 +314,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(kN % 16 == 0 && kN <= kMaxN, "wgmma N");
   static_assert(kHeads % 8 == 0 && kRows <= 16, "row block");
   static_assert(!kOverlap || (kEpilogue && kRows % 2 == 0 && kN % 32 == 0), "overlap halves: whole rows, wgmma N");
-  using L = Smem<kN, kRows>;
+  static_assert(kCtas == 1 || (kCtas == 2 && !kOverlap && kN <= kDecodeMaxN2), "two CTAs per SM: narrow decode blocks");
+  constexpr int kStagesN = stages_of(kCtas);
+  using L = Smem<kN, kRows, kStagesN>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* tiles = smem + L::kTiles;
@@ -310,12 +325,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* ws = reinterpret_cast<float*>(smem + L::kW);
   RowInfo* rows_s = reinterpret_cast<RowInfo*>(smem + L::kRowsOff);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);
-  uint64_t* empty = full + kStages;
+  uint64_t* empty = full + kStagesN;
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kStagesN; ++s) {
       hopper::mbar_init(&full[s], 1);
       hopper::mbar_init(&empty[s], 4);  // one arrival per warp of the consuming warpgroup
     }
@@ -324,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {  // ---- producer ----
-    hopper::regs_decrease<kProducerRegs>();
+    hopper::regs_decrease<producer_regs(kCtas)>();
     if (tid >= 32) {  // warps 1-3: the -inf columns of rows blockIdx.x + k * gridDim.x
       if constexpr (kEpilogue)
         for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) fill_invalid_row(a, keys, r, tid - 32, 96);
@@ -340,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int nrows = static_cast<int>(imin(a.rows_per_block, a.rows - row0));
       auto get = [&](int i) { return keys.row(row0 + i, a.col_offset, a.width); };
       item_tiles(a, nrows, chunk, get, [&](int32_t seq, uint32_t, int64_t t) {
-        const uint32_t s = g % kStages, ph = (g / kStages) & 1u;
+        const uint32_t s = g % kStagesN, ph = (g / kStagesN) & 1u;
         hopper::mbar_wait_or_trap(&empty[s], ph ^ 1u);
         int64_t blk;
         if (keys.tile_block(seq, t, &blk)) {
@@ -356,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- consumers ----
-  hopper::regs_increase<kConsumerRegs>();
+  hopper::regs_increase<consumer_regs(kCtas)>();
   const int ctid = tid - 128;          // 0..255 over both consumer warpgroups
   const uint32_t cw = wg - 1;          // this warpgroup takes tiles g with g % 2 == cw
   const int warp = (tid / 32) % 4, lane = tid % 32, quad = lane & 3;
@@ -408,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     item_tiles(a, nrows, chunk, get, [&](int32_t seq, uint32_t mask, int64_t t) {
       if ((g & 1u) == cw) {
-        const uint32_t s = g % kStages, ph = (g / kStages) & 1u;
+        const uint32_t s = g % kStagesN, ph = (g / kStagesN) & 1u;
         int64_t blk;
         const bool ok = keys.tile_block(seq, t, &blk);
         // A plain wait here (the bounded one costs the 128-accumulator variants spills): a

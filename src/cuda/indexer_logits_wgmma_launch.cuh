@@ -72,20 +72,18 @@ inline void plan_chunks(Args* a, int sms) {
   a->items = a->row_blocks * a->chunks;
 }
 
-template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false>
+// kCtas > 1: the grid is the CTAs that are resident at once (kCtas per SM where the device
+// holds that many, fewer where it does not: same work split, same arithmetic).
+template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1>
 StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s) {
-  const int sms = current_sm_count();
-  plan_chunks(&a, sms);
-  if (a.items == 0) {  // no key tile anywhere: only -inf columns (the main kernel fills them otherwise)
-    if (!kEpilogue) return StatusCode::kOk;
-    logits_fill_invalid_kernel<Keys><<<static_cast<unsigned>(a.rows), 256, 0, s>>>(a, keys);
-    return last_launch_status();
-  }
-  auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue, kOverlap>;
-  constexpr int smem = Smem<kHeads * kRows, kRows>::kAlloc;
+  auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue, kOverlap, kCtas>;
+  constexpr int smem = Smem<kHeads * kRows, kRows, stages_of(kCtas)>::kAlloc;
+  static_assert(kCtas * (smem + 1024) <= 233472, "kCtas CTAs fit one SM's shared memory");
   // The shared-memory opt-in is a property of the function on a device: set once per device
-  // for each instantiation (not a stream operation, so capture is unaffected).
+  // for each instantiation (not a stream operation, so capture is unaffected), and with it the
+  // CTAs per SM the device then holds.
   static std::atomic<uint64_t> opted_in{0};
+  static std::atomic<int> resident{1};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
@@ -97,9 +95,28 @@ StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const
       cudaGetLastError();
       return StatusCode::kDeviceError;
     }
+    int per_sm = 1;
+    if (kCtas > 1) {
+      // Two CTAs need the whole unified L1/shared carveout as shared memory.
+      if (cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
+              cudaSuccess ||
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kThreads, smem) != cudaSuccess) {
+        cudaGetLastError();
+        return StatusCode::kDeviceError;
+      }
+      per_sm = per_sm < 1 ? 1 : per_sm > kCtas ? kCtas : per_sm;
+    }
+    resident.store(per_sm, std::memory_order_relaxed);  // one device kind per process in practice
     opted_in.fetch_or(bit, std::memory_order_acq_rel);
   }
-  const int64_t grid = a.items < sms ? a.items : sms;
+  const int slots = current_sm_count() * resident.load(std::memory_order_relaxed);
+  plan_chunks(&a, slots);
+  if (a.items == 0) {  // no key tile anywhere: only -inf columns (the main kernel fills them otherwise)
+    if (!kEpilogue) return StatusCode::kOk;
+    logits_fill_invalid_kernel<Keys><<<static_cast<unsigned>(a.rows), 256, 0, s>>>(a, keys);
+    return last_launch_status();
+  }
+  const int64_t grid = a.items < slots ? a.items : slots;
   kern<<<static_cast<unsigned>(grid), kThreads, smem, s>>>(a, keys, map, smap);
   return last_launch_status();
 }

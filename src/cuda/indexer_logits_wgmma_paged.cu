@@ -12,14 +12,31 @@ namespace logits_wg {
 
 namespace {
 
+DecodeForm resolve(DecodeForm form, int n) {
+  if (form == DecodeForm::kDefault) form = DecodeForm::kTwoCtas;
+  if (form == DecodeForm::kTwoCtas && n > kDecodeMaxN2) return DecodeForm::kSerial;
+  return form;
+}
+
+// A decode block of kRows rows in the form asked, where its N allows it (else kSerial).
+template <int kHeads, int kRows>
+StatusCode launch_decode(const Args& a, const PagedKeys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s,
+                         DecodeForm form) {
+  constexpr int kN = kHeads * kRows;
+  form = resolve(form, kN);
+  if constexpr (kN <= kDecodeMaxN2)
+    if (form == DecodeForm::kTwoCtas) return launch_kernel<PagedKeys, kHeads, kRows, true, false, 2>(a, keys, map, smap, s);
+  return launch_kernel<PagedKeys, kHeads, kRows, true>(a, keys, map, smap, s);
+}
+
 template <int kHeads>
 StatusCode launch_heads(Args a, const PagedKeys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s, bool decode,
-                        int64_t next_n, bool overlap) {
+                        int64_t next_n, bool overlap, DecodeForm form) {
   if (decode) {
     a.rows_per_block = next_n;
-    if (next_n == 1) return launch_kernel<PagedKeys, kHeads, 1, true>(a, keys, map, smap, s);
-    if (next_n == 2) return launch_kernel<PagedKeys, kHeads, 2, true>(a, keys, map, smap, s);
-    return launch_kernel<PagedKeys, kHeads, 4, true>(a, keys, map, smap, s);
+    if (next_n == 1) return launch_decode<kHeads, 1>(a, keys, map, smap, s, form);
+    if (next_n == 2) return launch_decode<kHeads, 2>(a, keys, map, smap, s, form);
+    return launch_decode<kHeads, 4>(a, keys, map, smap, s, form);
   }
   a.rows_per_block = prefill_rows(kHeads);
   if (overlap) return launch_kernel<PagedKeys, kHeads, prefill_rows(kHeads), true, true>(a, keys, map, smap, s);
@@ -28,7 +45,15 @@ StatusCode launch_heads(Args a, const PagedKeys& keys, const CUtensorMap& map, c
 
 }  // namespace
 
-StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool overlap, bool* served) {
+const char* decode_kernel_name(DecodeForm form, int64_t heads, int64_t next_n) {
+  const int64_t rows = next_n <= 2 ? next_n : 4;  // next_n 3 runs the 4-row block
+  switch (resolve(form, static_cast<int>(padded_heads(heads) * rows))) {
+    case DecodeForm::kTwoCtas: return "indexer_logits_paged.wgmma_fp8_decode_2cta";
+    default: return "indexer_logits_paged.wgmma_fp8_decode";
+  }
+}
+
+StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool overlap, DecodeForm form, bool* served) {
   *served = false;
   if (p.q.shape[1] > 64 || !q_aligned(p.q) || p.cache.page_size != kTileKeys) return StatusCode::kOk;
   const int64_t bb = p.cache.block_bytes();
@@ -68,9 +93,9 @@ StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool overlap, bool* s
   const bool decode = !keys.general && p.next_n <= 4;
   const cudaStream_t s = as_stream(p.stream);
   switch (padded_heads(a.heads)) {
-    case 16: return launch_heads<16>(a, keys, map, smap, s, decode, p.next_n, overlap);
-    case 32: return launch_heads<32>(a, keys, map, smap, s, decode, p.next_n, overlap);
-    default: return launch_heads<64>(a, keys, map, smap, s, decode, p.next_n, overlap);
+    case 16: return launch_heads<16>(a, keys, map, smap, s, decode, p.next_n, overlap, form);
+    case 32: return launch_heads<32>(a, keys, map, smap, s, decode, p.next_n, overlap, form);
+    default: return launch_heads<64>(a, keys, map, smap, s, decode, p.next_n, overlap, form);
   }
 }
 

@@ -49,6 +49,19 @@ bool overlap_expected() {
   return v == nullptr || std::strcmp(v, "wgmma_overlap") == 0;
 }
 
+// The decode-block kernel the launcher should name for H heads and next_n rows (page 64,
+// aligned q, sm_90a; "" where DSA_CUDA_LOGITS forces another kernel): the form it asks (default: two tiles in flight), where the
+// block's N = next_n x padded heads allows it, else the serial form.
+std::string expected_decode_kernel(int64_t H, int64_t next_n) {
+  const char* v = std::getenv("DSA_CUDA_LOGITS");
+  const std::string form = v == nullptr ? "wgmma_decode_2cta" : v;
+  const int64_t n = (H <= 16 ? 16 : H <= 32 ? 32 : 64) * (next_n <= 2 ? next_n : 4);
+  if (form == "mma" || form == "simt" || form == "wgmma_mma_only") return "";  // no wgmma decode block runs
+  const std::string base = "indexer_logits_paged.wgmma_fp8_decode";
+  if ((form == "wgmma_decode_2cta" || form == "wgmma_overlap" || form == "wgmma_serial") && n <= 64) return base + "_2cta";
+  return base;
+}
+
 bool device_is_sm90() {
   int dev = 0;
   cudaDeviceProp prop{};
@@ -417,13 +430,17 @@ void run_paged_pair(const PagedCache& pc, const Queries& Q, int64_t next_n, cons
     EXPECT_NE(std::strstr(dsa::last_kernel_name(), "wgmma_fp8_rows_overlap"), nullptr)
         << "expected the overlap variant, ran " << last_kernel_name_note(out->rel);
   }
+  if (H <= 64 && device_is_sm90() && pc.page == 64 && row_seq == nullptr && next_n <= 4 &&
+      !expected_decode_kernel(H, next_n).empty())
+    EXPECT_EQ(std::string(dsa::last_kernel_name()), expected_decode_kernel(H, next_n));
   ASSERT_TRUE(device_clean());
   out->got = dout.download<float>();
   DSA_ASSERT_OK(indexer_logits_paged(gp));
   EXPECT_TRUE(same_bits(dout.download<float>(), out->got, "repeat run"));
 }
 
-void run_decode(int64_t H, std::vector<int32_t> lens, int64_t next_n, int64_t page, int64_t W, int64_t col_offset, uint64_t seed) {
+void run_decode(int64_t H, std::vector<int32_t> lens, int64_t next_n, int64_t page, int64_t W, int64_t col_offset, uint64_t seed,
+                std::vector<float>* got = nullptr) {
   Rng rng(seed);
   PagedCache pc = make_paged(rng, lens, page, 3);
   const int64_t R = pc.B * next_n;
@@ -436,6 +453,7 @@ void run_decode(int64_t H, std::vector<int32_t> lens, int64_t next_n, int64_t pa
     auto key_of = [&](int64_t c, float* s) { return pc.key(b, col_offset + c, s); };
     ASSERT_TRUE(row_close(Q, r, &run.got[r * W], &run.ref[r * W], W, key_of, run.rel)) << last_kernel_name_note(run.rel);
   }
+  if (got) *got = run.got;
 }
 
 }  // namespace
@@ -823,6 +841,36 @@ TEST(GpuLogits, WgmmaPagedDecodeSplitContexts) {
       } else {
         ASSERT_TRUE(std::isinf(g) && g < 0) << r << " " << c;
       }
+    }
+  }
+}
+
+// Both forms of the Hopper decode blocks (one CTA per SM; two, the default for N <= 64) on the
+// decode tests' inputs: each against the oracle, named as expected, and bit-identical to the
+// other (the same body and work split rule; only the number of resident CTAs differs).
+TEST(GpuLogits, WgmmaDecodeFormsAgree) {
+  DSA_REQUIRE_GPU();
+  if (!device_is_sm90()) GTEST_SKIP() << "the wgmma kernel runs on sm_90a only";
+  uint64_t seed = 1740;
+  for (int64_t H : {64, 32, 16, 8}) {
+    for (int64_t nn : {1, 2, 3, 4}) {
+      SCOPED_TRACE(testing::Message() << "H " << H << " next_n " << nn);
+      // Contexts of next_n tokens (the shortest valid), a page and one more, odd, and long
+      // enough to split over CTAs; then a column tile past col_offset.
+      const std::vector<int32_t> lens = {4097, static_cast<int32_t>(nn), 65, 64, 9000, 130};
+      std::vector<float> first;
+      for (const char* form : {"wgmma_decode_serial", "wgmma_decode_2cta"}) {
+        ScopedLogitsKernel force(form);
+        std::vector<float> got;
+        run_decode(H, lens, nn, 64, 9000, 0, seed, &got);
+        if (::testing::Test::HasFatalFailure()) return;
+        if (first.empty()) first = got;
+        else EXPECT_TRUE(same_bits(got, first, form));
+        std::vector<float> tile;
+        run_decode(H, lens, nn, 64, 2000, 3000, seed + 1, &tile);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+      seed += 2;
     }
   }
 }
