@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kHopThreads, 1)
   using C = HopCfg<kNope, kV, kPipe>;  // kPing uses the pipelined loop's stages
   namespace hp = hopper;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* smem = hopper::smem_aligned<1024>(smem_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kSmemBars);
   uint64_t* empty = full + C::kStages;
 

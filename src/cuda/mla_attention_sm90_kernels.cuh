@@ -274,7 +274,7 @@ template <int kKv, bool kAsync = false>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Problem p) {
 #if DSA_HOPPER_DEVICE
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = hopper::smem_aligned<1024>(smem_raw);
   uint8_t* sQ = smem + kSmemQ;
   uint8_t* sK = smem + kSmemK;
   uint8_t* sP = smem + kSmemP;
@@ -561,7 +561,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
   using L = FewHeadsLayout<kN>;
   constexpr int kCols = kN / 4;  // head columns a thread holds
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = hopper::smem_aligned<1024>(smem_raw);
   uint8_t* sQ = smem + L::kSmemQ;
   uint8_t* sK = smem + L::kSmemK;
   int* sValid = reinterpret_cast<int*>(smem + L::kSmemValid);

@@ -522,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kSparse = kKind == kSparseFp8;
   constexpr bool kTma = kKind == kDenseBf16;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = hopper::smem_aligned<1024>(smem_raw);
   uint8_t* sQ = smem + kSmemQ;
   uint8_t* sK = smem + kSmemK;
   uint8_t* sP = smem + kSmemP;

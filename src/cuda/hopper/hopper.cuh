@@ -248,6 +248,17 @@ __device__ __forceinline__ void fence_regs(uint32_t (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
+// The first kAlign-aligned byte of a kernel's dynamic shared memory `raw` (the extern
+// __shared__ array), as raw plus an offset: pointer arithmetic on the __shared__ symbol keeps
+// its address space, so loads and stores through the result compile to LDS/STS. A pointer
+// rebuilt from an aligned integer is generic (LD/ST through the generic path, measured as
+// long-scoreboard stalls in the logits kernel's epilogue by ncu on the H200).
+template <uint32_t kAlign>
+__device__ __forceinline__ uint8_t* smem_aligned(uint8_t* raw) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+  return raw + ((kAlign - (a & (kAlign - 1))) & (kAlign - 1));
+}
+
 // Warpgroup register reallocation (needs a register cap at entry: __launch_bounds__(n, 1)).
 template <int R>
 __device__ __forceinline__ void regs_increase() {
