@@ -2,16 +2,19 @@
 // Kernel choice, in order:
 //  * sm_90a device, H_idx <= 64, 16-byte aligned q and keys (paged: page size 64): the Hopper
 //    FP8 wgmma kernel (indexer_logits_wgmma.cuh); prefill row blocks (flat, and paged rows) run
-//    its overlap form (each tile's MMA in two halves, the epilogue under the tensor cores: 3-8%
-//    faster on the H200, docs/perf.md round 3), decode blocks its decode form;
+//    its four-consumer form (docs/perf.md round 5), decode blocks their
+//    decode form (two CTAs per SM up to 64 columns, four consumers above);
 //  * H_idx <= 64: the mma.sync f16 tensor-core kernel (grid: x = row, y = column chunk);
 //  * otherwise: the SIMT kernel.
-// DSA_CUDA_LOGITS forces one: "mma" (mma.sync), "simt"; "wgmma_mma_only" runs the wgmma
-// kernel without its epilogue (flat only; a timing hook: logits are left unwritten);
-// "wgmma_serial" runs the prefill row blocks with the serial epilogue (after each tile's MMA;
-// the default until round 3), "wgmma_overlap" the default overlap form. Paged decode blocks:
-// "wgmma_decode_serial" (one CTA per SM), "wgmma_decode_2cta" (the default: two CTAs per SM for
-// blocks of next_n x heads <= 64 columns); see logits_wg::DecodeForm.
+// DSA_CUDA_LOGITS forces one: "mma" (mma.sync), "simt"; "wgmma_mma_only" runs the flat wgmma
+// kernel's default form without its epilogue (a timing hook: logits are left unwritten).
+// Prefill row blocks: "wgmma_4wg" (the default), "wgmma_overlap" (two consumers, each tile's
+// MMA in halves under the epilogue: the default of rounds 3-4), "wgmma_serial" (two consumers,
+// the epilogue after each tile's MMA). Paged decode blocks: "wgmma_decode_serial" (two
+// consumers, one CTA per SM), "wgmma_decode_2cta" (two CTAs per SM for blocks of next_n x heads
+// <= 64 columns, four consumers above), "wgmma_decode_4wg" (four consumers at every width); see
+// logits_wg::RowsForm and logits_wg::DecodeForm. A decode value leaves the row blocks at their
+// default and a row value the decode blocks at theirs.
 #include <cstdlib>
 #include <cstring>
 
@@ -46,40 +49,44 @@ logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc&
 }
 
 enum class Forced {
-  kNone, kSimt, kMma, kWgmmaMmaOnly, kWgmmaOverlap, kWgmmaSerial,
-  kWgmmaDecodeSerial, kWgmmaDecode2Cta
+  kNone, kSimt, kMma, kWgmmaMmaOnly, kWgmma4Wg, kWgmmaOverlap, kWgmmaSerial,
+  kWgmmaDecodeSerial, kWgmmaDecode2Cta, kWgmmaDecode4Wg
 };
 
-// DSA_CUDA_LOGITS=simt|mma|wgmma_mma_only|wgmma_overlap|wgmma_serial|wgmma_decode_{serial,2cta}
-// (diagnosis on a new device, tests, the bench hook).
-// Read once per call (tests switch it between calls).
+// DSA_CUDA_LOGITS (diagnosis on a new device, tests, the bench hook), read once per call (tests
+// switch it between calls). An unknown value is the default.
 Forced forced_kernel() {
   const char* v = std::getenv("DSA_CUDA_LOGITS");
   if (v == nullptr) return Forced::kNone;
-  if (std::strcmp(v, "simt") == 0) return Forced::kSimt;
-  if (std::strcmp(v, "mma") == 0) return Forced::kMma;
-  if (std::strcmp(v, "wgmma_mma_only") == 0) return Forced::kWgmmaMmaOnly;
-  if (std::strcmp(v, "wgmma_overlap") == 0) return Forced::kWgmmaOverlap;
-  if (std::strcmp(v, "wgmma_serial") == 0) return Forced::kWgmmaSerial;
-  if (std::strcmp(v, "wgmma_decode_serial") == 0) return Forced::kWgmmaDecodeSerial;
-  if (std::strcmp(v, "wgmma_decode_2cta") == 0) return Forced::kWgmmaDecode2Cta;
+  static const struct {
+    const char* name;
+    Forced f;
+  } kNames[] = {{"simt", Forced::kSimt},
+                {"mma", Forced::kMma},
+                {"wgmma_mma_only", Forced::kWgmmaMmaOnly},
+                {"wgmma_4wg", Forced::kWgmma4Wg},
+                {"wgmma_overlap", Forced::kWgmmaOverlap},
+                {"wgmma_serial", Forced::kWgmmaSerial},
+                {"wgmma_decode_serial", Forced::kWgmmaDecodeSerial},
+                {"wgmma_decode_2cta", Forced::kWgmmaDecode2Cta},
+                {"wgmma_decode_4wg", Forced::kWgmmaDecode4Wg}};
+  for (const auto& n : kNames)
+    if (std::strcmp(v, n.name) == 0) return n.f;
   return Forced::kNone;
 }
-// Prefill row blocks take the overlap form unless the serial one (or the timing hook) is asked.
-bool decode_forced(Forced f) {
-  return f == Forced::kWgmmaDecodeSerial || f == Forced::kWgmmaDecode2Cta;
+logits_wg::RowsForm rows_form(Forced f) {
+  return f == Forced::kWgmmaOverlap  ? logits_wg::RowsForm::kOverlap
+         : f == Forced::kWgmmaSerial ? logits_wg::RowsForm::kSerial
+                                     : logits_wg::RowsForm::kFourWg;
 }
-bool overlap_rows(Forced f) { return f == Forced::kNone || f == Forced::kWgmmaOverlap || decode_forced(f); }
 logits_wg::DecodeForm decode_form(Forced f) {
   return f == Forced::kWgmmaDecodeSerial ? logits_wg::DecodeForm::kSerial
          : f == Forced::kWgmmaDecode2Cta ? logits_wg::DecodeForm::kTwoCtas
+         : f == Forced::kWgmmaDecode4Wg  ? logits_wg::DecodeForm::kFourWg
                                          : logits_wg::DecodeForm::kDefault;
 }
 bool wgmma_allowed(int64_t heads, Forced f) {
-  return heads <= 64 &&
-         (f == Forced::kNone || f == Forced::kWgmmaMmaOnly || f == Forced::kWgmmaOverlap || f == Forced::kWgmmaSerial ||
-          decode_forced(f)) &&
-         hopper::current_device_is_sm90a();
+  return heads <= 64 && f != Forced::kSimt && f != Forced::kMma && hopper::current_device_is_sm90a();
 }
 
 template <class Keys>
@@ -117,12 +124,10 @@ StatusCode indexer_logits(const IndexerLogitsParams& p) {
   const Forced forced = forced_kernel();
   if (wgmma_allowed(p.q.shape[1], forced)) {
     bool served = false;
-    const StatusCode st =
-        logits_wg::launch_flat(p, forced == Forced::kWgmmaMmaOnly, overlap_rows(forced), &served);
+    const bool mma_only = forced == Forced::kWgmmaMmaOnly;
+    const StatusCode st = logits_wg::launch_flat(p, mma_only, rows_form(forced), &served);
     if (served) {
-      note_kernel(forced == Forced::kWgmmaMmaOnly ? "indexer_logits.wgmma_fp8_mma_only"
-                  : overlap_rows(forced)          ? "indexer_logits.wgmma_fp8_overlap"
-                                                  : "indexer_logits.wgmma_fp8");
+      note_kernel(mma_only ? "indexer_logits.wgmma_fp8_mma_only" : logits_wg::rows_kernel_name(false, rows_form(forced)));
       return st;
     }
   }
@@ -143,16 +148,13 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   // skip_rows_up_to is honoured by the mma.sync and SIMT kernels (the wgmma kernel's row blocks
   // do not skip rows yet): a call that skips rows takes them.
   const Forced forced = forced_kernel();
-  if (forced != Forced::kSimt && forced != Forced::kMma && forced != Forced::kWgmmaMmaOnly && p.skip_rows_up_to == 0 &&
-      wgmma_allowed(p.q.shape[1], forced)) {
+  if (forced != Forced::kWgmmaMmaOnly && p.skip_rows_up_to == 0 && wgmma_allowed(p.q.shape[1], forced)) {
     bool served = false;
-    const bool overlap = overlap_rows(forced);
-    const StatusCode st = logits_wg::launch_paged(p, overlap, decode_form(forced), &served);
+    const StatusCode st = logits_wg::launch_paged(p, rows_form(forced), decode_form(forced), &served);
     if (served) {
-      // The overlap variant serves the prefill-shaped row blocks; decode blocks have their own.
-      const bool rows = p.row_seq.present() || p.next_n > 4;
-      note_kernel(rows ? (overlap ? "indexer_logits_paged.wgmma_fp8_rows_overlap" : "indexer_logits_paged.wgmma_fp8_rows")
-                  : logits_wg::decode_kernel_name(decode_form(forced), p.q.shape[1], p.next_n));
+      const bool rows = p.row_seq.present() || p.next_n > 4;  // prefill-shaped row blocks, else decode blocks
+      note_kernel(rows ? logits_wg::rows_kernel_name(true, rows_form(forced))
+                       : logits_wg::decode_kernel_name(decode_form(forced), p.q.shape[1], p.next_n));
       return st;
     }
   }

@@ -10,10 +10,14 @@
 // transposing reduction over the 4 lanes of a quad (3 * 2 * kRows / 4 shuffles), times the
 // key scale.
 //
-// Warp roles (384 threads): warpgroup 0 = producer (one thread issues TMA into a kStages ring
-// guarded by full/empty mbarriers: per stage a key tile and its 64 scales, so no consumer
-// ever waits on a global load), warpgroups 1 and 2 = consumers taking alternate key tiles,
-// so one's epilogue overlaps the other's MMA. setmaxnreg moves registers to the consumers.
+// Warp roles (128 x (1 + kCons) threads): warpgroup 0 = producer (one thread issues TMA into a
+// ring guarded by full/empty mbarriers: per stage a key tile and its 64 scales, so no consumer
+// ever waits on a global load), warpgroups 1..kCons = consumers taking the key tiles in turn
+// (tile g to consumer g % kCons), so one's epilogue overlaps the others' MMA. setmaxnreg moves
+// registers to the consumers. kCons = 2: blocks up to N = 256 columns, 224 registers a
+// consumer; kCons = 4: 112 registers and 64 accumulators a consumer (a 256-column block is two
+// column halves, a pair of consumers per key tile), four consumer warps on each SM
+// sub-partition to hide the epilogue's latency (issue 10, round 5).
 //
 // Work: items (row block, key chunk), strided over a persistent grid. Within an item, the
 // rows are taken in "passes" of rows sharing one sequence (paged general form; flat rows and
@@ -38,9 +42,8 @@ constexpr int kTileKeys = 64;                 // keys per tile (wgmma M), = the 
 constexpr int kD = 128;                       // index dim (bytes per e4m3 key)
 constexpr int kTileBytes = kTileKeys * kD;    // 8192
 constexpr int kStages = 12;                   // TMA ring depth (96 KiB)
-constexpr int kThreads = 384;                 // producer warpgroup + 2 consumer warpgroups
 constexpr int kProducerRegs = 56;
-constexpr int kConsumerRegs = 224;  // 128 * 56 + 256 * 224 = 64512 = 168 * 384, the CTA's registers at launch
+constexpr int kConsumerRegs = 224;  // 128 * 56 + 256 * 224 = 64512 = 168 * 384, the CTA's registers at launch (kCons = 2)
 constexpr int kMaxN = 256;                    // wgmma N limit: kRows * kHeads
 // Decode blocks of N <= 64 columns run two CTAs per SM (kCtas = 2): their consumers are bound
 // by the latency of one tile's chain (full wait, 4 wgmma, wait, epilogue, release), not by the
@@ -52,6 +55,23 @@ constexpr int stages_of(int ctas) { return ctas == 1 ? kStages : 10; }
 constexpr int producer_regs(int ctas) { return ctas == 1 ? kProducerRegs : 56; }
 constexpr int consumer_regs(int ctas) { return ctas == 1 ? kConsumerRegs : 80; }
 constexpr int kDecodeMaxN2 = 64;              // widest decode block that runs 2 CTAs per SM
+// Four consumer warpgroups (kCons = 4, one CTA per SM): 640 threads start at 96 registers
+// (65536 / 640, rounded down to the allocation unit); the producer gives back to 32 and each
+// consumer takes 112: 128 * 32 + 512 * 112 = 61440 = 96 * 640. 16-stage ring (128 KiB): each
+// consumer holds one stage while it works, the other 12 are in flight.
+constexpr int kMaxN4 = 128;                   // widest MMA of a consumer of the four-consumer form
+// A four-consumer block of 256 columns is two column halves: consumers 2p and 2p + 1 take the
+// same key tile (halves 0 and 1 of the block's columns, 64 accumulators each), pairs p = 0, 1
+// take alternate tiles; so each key tile is read from L2 once per 256 columns, as in the
+// two-consumer forms (ncu, round 5: the 128-column blocks' consumers waited on their tiles).
+constexpr int halves4_of(int n) { return n > kMaxN4 ? 2 : 1; }
+constexpr int threads_of(int cons) { return 128 * (1 + cons); }
+constexpr int stages_of(int ctas, int cons) { return cons == 4 ? 16 : stages_of(ctas); }
+constexpr int producer_regs(int ctas, int cons) { return cons == 4 ? 32 : producer_regs(ctas); }
+constexpr int consumer_regs(int ctas, int cons) { return cons == 4 ? 112 : consumer_regs(ctas); }
+// Rows of a four-consumer block of `heads` heads: N = 256 columns (two halves), 128 at 16 heads
+// (16 rows spill, as in prefill_rows).
+constexpr int rows4_of(int heads) { return heads == 16 ? 8 : 2 * kMaxN4 / heads; }
 // Rows of a prefill-shaped block: N = 256 columns, except 16 heads: 8 rows, N = 128 (16 rows
 // spill in the paged instantiation; 16 heads is not a model's shape).
 constexpr int prefill_rows(int heads) { return heads == 16 ? 8 : kMaxN / heads; }
@@ -94,6 +114,7 @@ __device__ __forceinline__ RowInfo clip_row(int64_t base, int64_t lo, int64_t hi
 // Flat key buffer (SPEC §3.4 ragged rows): row r sees keys [max(ks, 0), min(ke, N)), column c
 // is key ks + col_offset + c (c in [0, W)).
 struct FlatKeys {
+  static constexpr bool kBlockTable = false;  // every tile resolves; no page ids to read
   I32Vec ks, ke;
   int64_t n;
 
@@ -120,6 +141,7 @@ struct FlatKeys {
 // The paged indexer cache (SPEC §4), page size 64: tile t of sequence b is page
 // block_table[b][t]; its 64 keys (128 B each) then their 64 f32 scales.
 struct PagedKeys {
+  static constexpr bool kBlockTable = true;
   const uint8_t* cache; int64_t block_bytes, num_blocks;
   I32Mat block_table;
   I32Vec kv_lens; int64_t next_n;
@@ -152,10 +174,12 @@ struct PagedKeys {
   }
 };
 
-// Calls f(seq, row_mask, tile) for every key tile of one work item, in the one order that the
-// producer and both consumers follow. get(i) is the RowInfo of the item's row i (< nrows).
+// Calls f(seq, row_mask, t0, t1) for every pass of one work item (rows sharing one sequence;
+// key tiles [t0, t1) of the item's chunk, t0 < t1), in the one order that the producer and the
+// consumers follow. get(i) is the RowInfo of the item's row i (< nrows). Tile indices fit int32
+// (the launchers serve at most 2^31 - 1 keys, and block tables of int32 columns).
 template <class GetRow, class F>
-__device__ __forceinline__ void item_tiles(const Args& a, int nrows, int64_t chunk, const GetRow& get, const F& f) {
+__device__ __forceinline__ void item_passes(const Args& a, int nrows, int64_t chunk, const GetRow& get, const F& f) {
   const int64_t c_lo = chunk * a.chunk_tiles;
   const int64_t c_hi = imin(c_lo + a.chunk_tiles, a.tiles);
   uint32_t done = 0;
@@ -180,9 +204,32 @@ __device__ __forceinline__ void item_tiles(const Args& a, int nrows, int64_t chu
     if (!any) continue;
     const int64_t t0 = imax(lo / kTileKeys, c_lo);
     const int64_t t1 = imin((hi + kTileKeys - 1) / kTileKeys, c_hi);
-    for (int64_t t = t0; t < t1; ++t) f(seq, mask, t);
+    if (t0 < t1) f(seq, mask, static_cast<int32_t>(t0), static_cast<int32_t>(t1));
   }
 }
+
+// Where a consumer stores one row's logits: key j in [lo, hi) goes to element off + j of the
+// output (off = row * out0 - base). Keys and tile indices fit int32 (see item_passes); int32
+// keeps the consumers' stores inside their register budget.
+struct RowOut {
+  int64_t off;
+  int32_t lo, hi;  // lo == hi when the row is not computed
+};
+
+__device__ __forceinline__ RowOut row_out(const Args& a, int64_t r, const RowInfo& ri) {
+  RowOut ro;
+  ro.off = r * a.out0 - ri.base;
+  ro.lo = static_cast<int32_t>(ri.lo);
+  ro.hi = static_cast<int32_t>(ri.hi);
+  return ro;
+}
+
+// One pass of a work item as the consumers read it from shared memory (item_passes).
+struct Pass {
+  int32_t t0, t1;  // key tiles [t0, t1)
+  uint32_t mask;   // the item's rows of the pass
+  int32_t seq;
+};
 
 __device__ __forceinline__ void store_logit(const Args& a, int64_t r, int64_t c, float v) {
   if (a.out_bf16) static_cast<uint16_t*>(a.out)[r * a.out0 + c] = float_to_bf16(v);
@@ -203,7 +250,11 @@ __device__ __forceinline__ void fill_invalid_row(const Args& a, const Keys& keys
   for (int64_t c = vhi + t; c < a.width; c += nt) store_logit(a, r, c, -CUDART_INF_F);
 }
 
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// All consumer warpgroups (named barrier 1).
+template <int kCons>
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(128 * kCons) : "memory");
+}
 // Pingpong turns of the overlap variant: named barrier 2 + c is "consumer warpgroup c may issue
 // its next tile's MMA"; the other warpgroup arrives on it (128 threads) after issuing its own,
 // warpgroup c syncs on it (128 threads).
@@ -217,7 +268,7 @@ __device__ __forceinline__ void turn_pass(uint32_t c) {
 // One tile's state that its epilogue needs (the overlap variant runs a tile's second half
 // while the next tile is in flight, so it keeps this across tiles).
 struct TileState {
-  int64_t t;       // key tile
+  int32_t t;       // key tile
   uint32_t mask;   // rows of the pass
   uint32_t stage;  // ring stage, released after the tile's last MMA
   bool ok;         // page resolvable (else -inf)
@@ -227,8 +278,10 @@ struct TileState {
 // Epilogue of rows [kR0, kR0 + kNR) of a row block: acc holds exactly those rows' columns
 // (fragment column 0 = row kR0, head 0). Per row: Σ_h w_h relu(acc) over this thread's heads,
 // a transposing reduction over the quad, then store(row, half, sum) (half: key0 or key0 + 8).
-template <int kHeads, int kR0, int kNR, int R, class Store>
-__device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const float* ws, int quad, bool ok, const Store& store) {
+// gate(gi) is this thread's two gates of 8-column group gi (columns 8 gi + 2 quad, + 1).
+template <int kHeads, int kR0, int kNR, int R, class Gate, class Store>
+__device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const Gate& gate, bool ok, const Store& store,
+                                              int quad) {
   constexpr int kGpr = kHeads / 8;  // 8-column groups per row
   static_assert(R == kNR * kHeads / 2, "accumulator of the row range");
   // Rows in groups of kGroup (<= 4) to bound the live partial sums.
@@ -245,7 +298,7 @@ __device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const float
       for (int gi = r0 * kGpr; gi < (r0 + kGroup) * kGpr; ++gi) {
         const int rl = gi / kGpr - r0;
         const int li = gi - kR0 * kGpr;  // the group's index in acc
-        const float2 wv = *reinterpret_cast<const float2*>(&ws[8 * gi + 2 * quad]);
+        const float2 wv = gate(gi);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           float p = part[rl * 2 + hf];
@@ -294,7 +347,9 @@ struct Smem {
   static constexpr int kQ = (kScales + kStagesN * kTileKeys * 4 + 1023) / 1024 * 1024;
   static constexpr int kW = kQ + kN * kD;
   static constexpr int kRowsOff = kW + kN * 4;
-  static constexpr int kBars = kRowsOff + kRows * static_cast<int>(sizeof(RowInfo));
+  static constexpr int kPasses = kRowsOff + kRows * static_cast<int>(sizeof(RowOut));  // kRows Pass, then their count
+  static constexpr int kStageOk = kPasses + (kRows + 1) * static_cast<int>(sizeof(Pass));  // kStagesN u32
+  static constexpr int kBars = (kStageOk + kStagesN * 4 + 7) / 8 * 8;
   static constexpr int kBytes = kBars + 2 * kStagesN * 8;
   static constexpr int kAlloc = kBytes + 1024;  // alignment slack of the dynamic base
   static_assert(kTiles % 1024 == 0 && kTileBytes % 1024 == 0 && kQ % 1024 == 0, "swizzled operands 1024-aligned");
@@ -305,8 +360,9 @@ struct Smem {
 // kOverlap: the variant whose MMA of each tile is issued in two halves so that the epilogue
 // overlaps the tensor cores (DSA_CUDA_LOGITS=wgmma_overlap; prefill row blocks).
 // kCtas: CTAs per SM (2: decode blocks of N <= kDecodeMaxN2, see stages_of).
-template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1>
-__global__ void __launch_bounds__(kThreads, kCtas)
+// kCons: consumer warpgroups (2, or 4 for blocks of N <= kMaxN4; see threads_of).
+template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1, int kCons = 2>
+__global__ void __launch_bounds__(threads_of(kCons), kCtas)
     logits_wgmma_kernel(const Args a, const Keys keys, const __grid_constant__ CUtensorMap kmap,
                         const __grid_constant__ CUtensorMap smap) {
 #if DSA_HOPPER_DEVICE
@@ -315,15 +371,28 @@ __global__ void __launch_bounds__(kThreads, kCtas)
   static_assert(kHeads % 8 == 0 && kRows <= 16, "row block");
   static_assert(!kOverlap || (kEpilogue && kRows % 2 == 0 && kN % 32 == 0), "overlap halves: whole rows, wgmma N");
   static_assert(kCtas == 1 || (kCtas == 2 && !kOverlap && kN <= kDecodeMaxN2), "two CTAs per SM: narrow decode blocks");
-  constexpr int kStagesN = stages_of(kCtas);
+  static_assert(kCons == 2 || (kCons == 4 && kCtas == 1 && !kOverlap && (kN <= kMaxN4 || kN == 2 * kMaxN4)),
+                "four consumers: N <= 128 or two halves of 128, one CTA");
+  // Column halves per tile (1, or 2 for a 256-column four-consumer block) and their width.
+  constexpr int kHalves = kCons == 4 ? halves4_of(kN) : 1;
+  constexpr int kNW = kN / kHalves;
+  constexpr int kGroups = kCons / kHalves;  // consumer groups taking tiles in turn
+  constexpr int kStagesN = stages_of(kCtas, kCons);
+  constexpr int kConsThreads = 128 * kCons;
   using L = Smem<kN, kRows, kStagesN>;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = hopper::smem_aligned<1024>(smem_raw);
   uint8_t* tiles = smem + L::kTiles;
   float* scales = reinterpret_cast<float*>(smem + L::kScales);
   uint8_t* qs = smem + L::kQ;
   float* ws = reinterpret_cast<float*>(smem + L::kW);
-  RowInfo* rows_s = reinterpret_cast<RowInfo*>(smem + L::kRowsOff);
+  RowOut* rows_s = reinterpret_cast<RowOut*>(smem + L::kRowsOff);
+  Pass* pass_s = reinterpret_cast<Pass*>(smem + L::kPasses);
+  int* npass_s = reinterpret_cast<int*>(pass_s + kRows);
+  // Per stage: 1 when its page resolved (loaded), 0 when not (the consumer writes -inf). The
+  // producer writes it before its arrival on the stage's full barrier (a release), so the
+  // consumers read it after their wait; they never touch the block table.
+  uint32_t* stage_ok = reinterpret_cast<uint32_t*>(smem + L::kStageOk);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* empty = full + kStagesN;
 
@@ -332,54 +401,89 @@ __global__ void __launch_bounds__(kThreads, kCtas)
   if (tid == 0) {
     for (int s = 0; s < kStagesN; ++s) {
       hopper::mbar_init(&full[s], 1);
-      hopper::mbar_init(&empty[s], 4);  // one arrival per warp of the consuming warpgroup
+      hopper::mbar_init(&empty[s], 4 * kHalves);  // one arrival per warp of the consuming warpgroup(s)
     }
     hopper::mbar_init_fence();
   }
   __syncthreads();
 
   if (wg == 0) {  // ---- producer ----
-    hopper::regs_decrease<producer_regs(kCtas)>();
+    hopper::regs_decrease<producer_regs(kCtas, kCons)>();
     if (tid >= 32) {  // warps 1-3: the -inf columns of rows blockIdx.x + k * gridDim.x
       if constexpr (kEpilogue)
         for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) fill_invalid_row(a, keys, r, tid - 32, 96);
       return;
     }
-    if (tid != 0) return;
-    hopper::prefetch_tensor_map(&kmap);
-    hopper::prefetch_tensor_map(&smap);
+    // Warp 0: lane 0 issues the copies; the warp reads the block table 32 tiles at a time (lane
+    // k the page of tile tb + k), so no copy waits on a dependent global load of its page id (at
+    // ~0.5 us a load, one per 8.4 KB page, a producer moves at most ~17 GB/s; ncu on the H200
+    // showed the decode consumers waiting on their tiles, docs/perf.md round 5).
+    const int lane = tid;
+    if (lane == 0) {
+      hopper::prefetch_tensor_map(&kmap);
+      hopper::prefetch_tensor_map(&smap);
+    }
     uint32_t g = 0;
     for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
       const int64_t rb = item % a.row_blocks, chunk = item / a.row_blocks;
       const int64_t row0 = rb * a.rows_per_block;
       const int nrows = static_cast<int>(imin(a.rows_per_block, a.rows - row0));
       auto get = [&](int i) { return keys.row(row0 + i, a.col_offset, a.width); };
-      item_tiles(a, nrows, chunk, get, [&](int32_t seq, uint32_t, int64_t t) {
-        const uint32_t s = g % kStagesN, ph = (g / kStagesN) & 1u;
-        hopper::mbar_wait_or_trap(&empty[s], ph ^ 1u);
-        int64_t blk;
-        if (keys.tile_block(seq, t, &blk)) {
-          hopper::mbar_arrive_expect_tx(&full[s], kTileBytes + kTileKeys * 4);
-          keys.load(tiles + s * kTileBytes, scales + s * kTileKeys, &kmap, &smap, t, blk, &full[s]);
+      item_passes(a, nrows, chunk, get, [&](int32_t seq, uint32_t, int32_t t0, int32_t t1) {
+        if constexpr (!Keys::kBlockTable) {  // flat keys: lane 0 alone, nothing to look up
+          if (lane == 0) {
+            for (int32_t t = t0; t < t1; ++t, ++g) {
+              const uint32_t s = g % kStagesN, ph = (g / kStagesN) & 1u;
+              hopper::mbar_wait_or_trap(&empty[s], ph ^ 1u);
+              stage_ok[s] = 1u;
+              hopper::mbar_arrive_expect_tx(&full[s], kTileBytes + kTileKeys * 4);
+              keys.load(tiles + s * kTileBytes, scales + s * kTileKeys, &kmap, &smap, t, 0, &full[s]);
+            }
+          }
         } else {
-          hopper::mbar_arrive(&full[s]);  // nothing to load: the consumer writes -inf
+          for (int32_t tb = t0; tb < t1; tb += 32) {
+            int64_t my_blk = 0;
+            const bool my_ok = tb + lane < t1 && keys.tile_block(seq, tb + lane, &my_blk);
+            const uint32_t ok_bits = __ballot_sync(0xffffffffu, my_ok);
+            const int32_t nt = t1 - tb < 32 ? t1 - tb : 32;
+            for (int32_t k = 0; k < nt; ++k) {
+              // Page ids fit int32 (the launcher serves at most 2^31 - 1 pages).
+              const int32_t blk = __shfl_sync(0xffffffffu, static_cast<int32_t>(my_blk), k);
+              if (lane == 0) {
+                const uint32_t s = g % kStagesN, ph = (g / kStagesN) & 1u;
+                hopper::mbar_wait_or_trap(&empty[s], ph ^ 1u);
+                const bool ok = (ok_bits >> k) & 1u;
+                stage_ok[s] = ok ? 1u : 0u;
+                if (ok) {
+                  hopper::mbar_arrive_expect_tx(&full[s], kTileBytes + kTileKeys * 4);
+                  keys.load(tiles + s * kTileBytes, scales + s * kTileKeys, &kmap, &smap, tb + k, blk, &full[s]);
+                } else {
+                  hopper::mbar_arrive(&full[s]);  // nothing to load: the consumer writes -inf
+                }
+              }
+              ++g;
+            }
+          }
         }
-        ++g;
       });
     }
     return;
   }
 
   // ---- consumers ----
-  hopper::regs_increase<consumer_regs(kCtas)>();
-  const int ctid = tid - 128;          // 0..255 over both consumer warpgroups
-  const uint32_t cw = wg - 1;          // this warpgroup takes tiles g with g % 2 == cw
+  hopper::regs_increase<consumer_regs(kCtas, kCons)>();
+  const int ctid = tid - 128;          // 0..kConsThreads-1 over the consumer warpgroups
+  const uint32_t cw = wg - 1;          // consumer warpgroup index
+  // Group grp takes tiles g with g % kGroups == grp; within it, column half `half`.
+  const uint32_t grp = cw / kHalves, half = cw % kHalves;
   const int warp = (tid / 32) % 4, lane = tid % 32, quad = lane & 3;
-  const uint64_t desc_b0 = hopper::smem_desc(qs, hopper::Swizzle::k128B, 16, 1024);
-  // Default: one m64nkN accumulator. Overlap: two m64n(kN/2) halves (rows [0, kRows / 2) and
-  // the rest), the same registers in all.
+  // q's columns of this warpgroup's half (kNW * 128 bytes per half: 1024-aligned).
+  const uint64_t desc_b0 = hopper::desc_advance(hopper::smem_desc(qs, hopper::Swizzle::k128B, 16, 1024),
+                                                static_cast<int>(half) * kNW * kD);
+  // Default: one m64n(kNW) accumulator (kNW = kN, or kN / 2 for a four-consumer column half).
+  // Overlap: two m64n(kN/2) halves (rows [0, kRows / 2) and the rest), the same registers.
   constexpr int kHalfN = kN / 2, kHalfRows = kRows / 2;
-  float acc[kOverlap ? 1 : kN / 2];
+  float acc[kOverlap ? 1 : kNW / 2];
   float accA[kOverlap ? kHalfN / 2 : 1], accB[kOverlap ? kHalfN / 2 : 1];
   (void)accA; (void)accB;
   // Overlap: warpgroup 0 has the first turn (see turn_wait).
@@ -390,46 +494,65 @@ __global__ void __launch_bounds__(kThreads, kCtas)
     const int64_t rb = item % a.row_blocks, chunk = item / a.row_blocks;
     const int64_t row0 = rb * a.rows_per_block;
     const int nrows = static_cast<int>(imin(a.rows_per_block, a.rows - row0));
-    consumer_sync();  // both warpgroups are done with the previous item's q, weights, rows
-    if (ctid < kRows) rows_s[ctid] = ctid < nrows ? keys.row(row0 + ctid, a.col_offset, a.width) : clip_row(0, 0, 0, -2);
+    consumer_sync<kCons>();  // every consumer is done with the previous item's q, weights, rows
+    if (ctid < kRows) rows_s[ctid] = row_out(a, row0 + ctid, ctid < nrows ? keys.row(row0 + ctid, a.col_offset, a.width) : clip_row(0, 0, 0, -2));
+    // The item's passes, once (the consumers then step through their own tiles only).
+    if (ctid == kConsThreads - 1) {
+      int np = 0;
+      item_passes(a, nrows, chunk, [&](int i) { return keys.row(row0 + i, a.col_offset, a.width); },
+                  [&](int32_t seq, uint32_t mask, int32_t t0, int32_t t1) { pass_s[np++] = Pass{t0, t1, mask, seq}; });
+      *npass_s = np;
+    }
     // q (kN x 128 e4m3) in the 128-byte-swizzled K-major layout; zero for padded heads/rows.
-    for (int e = ctid; e < kN * 8; e += 256) {
+    for (int e = ctid; e < kN * 8; e += kConsThreads) {
       const int n = e / 8, c = e % 8;
       const int rr = n / kHeads, h = n % kHeads;
       uint4 v = make_uint4(0u, 0u, 0u, 0u);
       if (rr < nrows && h < a.heads) v = *reinterpret_cast<const uint4*>(a.q + (row0 + rr) * a.q0 + h * a.q1 + 16 * c);
       *reinterpret_cast<uint4*>(qs + n * kD + ((c ^ (n % 8)) * 16)) = v;
     }
-    for (int n = ctid; n < kN; n += 256) {
+    for (int n = ctid; n < kN; n += kConsThreads) {
       const int rr = n / kHeads, h = n % kHeads;
       ws[n] = (rr < nrows && h < a.heads) ? a.w[(row0 + rr) * a.w0 + h * a.w1] : 0.f;
     }
     hopper::fence_async_smem();  // generic writes of q feed wgmma
-    consumer_sync();
+    consumer_sync<kCons>();
+    // Gates from shared memory per tile: in registers for the whole item they would cost kN / 4
+    // of them, and the four-consumer form then spills 168 bytes a thread at 112 registers (44
+    // with these 8-byte loads; 16-byte loads of two groups spilled 100).
+    auto gate = [&](int gi) -> float2 { return *reinterpret_cast<const float2*>(&ws[8 * gi + 2 * quad]); };
 
-    auto get = [&](int i) { return rows_s[i]; };
     const int key0 = 16 * warp + lane / 4;  // this thread's keys in a tile: key0, key0 + 8
     // The valid columns of one tile's rows (store(row, half, sum); -inf on unresolvable pages).
     auto store_tile = [&](const TileState& ts, int rr, int hf, float sum) {
       if (!((ts.mask >> rr) & 1u)) return;
-      const RowInfo& ri = rows_s[rr];
-      const int64_t j = ts.t * kTileKeys + key0 + 8 * hf;
-      if (j < ri.lo || j >= ri.hi) return;
-      store_logit(a, row0 + rr, j - ri.base, ts.ok ? sum * (hf ? ts.sc1 : ts.sc0) : -CUDART_INF_F);
+      const RowOut ro = rows_s[rr];
+      const int32_t j = ts.t * kTileKeys + key0 + 8 * hf;
+      if (j < ro.lo || j >= ro.hi) return;
+      const float v = ts.ok ? sum * (hf ? ts.sc1 : ts.sc0) : -CUDART_INF_F;
+      if (a.out_bf16) static_cast<uint16_t*>(a.out)[ro.off + j] = float_to_bf16(v);
+      else static_cast<float*>(a.out)[ro.off + j] = v;
     };
     auto release = [&](uint32_t s) {
       __syncwarp();
       if (lane == 0) hopper::mbar_arrive(&empty[s]);  // this warp no longer reads the stage
     };
-    item_tiles(a, nrows, chunk, get, [&](int32_t seq, uint32_t mask, int64_t t) {
-      if ((g & 1u) == cw) {
-        const uint32_t s = g % kStagesN, ph = (g / kStagesN) & 1u;
-        int64_t blk;
-        const bool ok = keys.tile_block(seq, t, &blk);
+    const int np = *npass_s;
+    for (int pi = 0; pi < np; ++pi) {
+      const Pass ps = pass_s[pi];
+      const int32_t n = ps.t1 - ps.t0;
+      const uint32_t mask = ps.mask;
+      // Tile j of the pass is the item's g + j in the shared order: this warpgroup takes those
+      // with (g + j) % kGroups == grp.
+      for (int32_t j = static_cast<int32_t>((grp + kGroups - g % kGroups) % kGroups); j < n; j += kGroups) {
+        const uint32_t gk = g + static_cast<uint32_t>(j);
+        const int32_t t = ps.t0 + j;
+        const uint32_t s = gk % kStagesN, ph = (gk / kStagesN) & 1u;
         // A plain wait here (the bounded one costs the 128-accumulator variants spills): a
         // producer issuing more tiles than the consumers take traps on its empty-ring wait; the
-        // reverse would hang, which the shared item_tiles order rules out.
+        // reverse would hang, which the shared item_passes order rules out.
         hopper::mbar_wait(&full[s], ph);
+        const bool ok = stage_ok[s] != 0;
         TileState cur{t, mask, s, ok, 0.f, 0.f};  // scales read before the stage is released
         if (kEpilogue && ok) {
           cur.sc0 = scales[s * kTileKeys + key0];
@@ -437,19 +560,27 @@ __global__ void __launch_bounds__(kThreads, kCtas)
         }
         const uint64_t desc_a0 = hopper::smem_desc(tiles + s * kTileBytes, hopper::Swizzle::k128B, 16, 1024);
         if constexpr (!kOverlap) {
-          if (ok) {
+          {
             hopper::wgmma_fence();
 #pragma unroll
             for (int k = 0; k < kD / 32; ++k)
-              hopper::wgmma_e4m3_ss<kN>(acc, hopper::desc_advance(desc_a0, 32 * k), hopper::desc_advance(desc_b0, 32 * k),
-                                        k > 0 ? 1 : 0);
+              hopper::wgmma_e4m3_ss<kNW>(acc, hopper::desc_advance(desc_a0, 32 * k), hopper::desc_advance(desc_b0, 32 * k),
+                                         k > 0 ? 1 : 0);
             hopper::wgmma_commit();
             hopper::wgmma_wait<0>();
             hopper::fence_regs(acc);
           }
           release(s);
           if constexpr (kEpilogue)
-            epilogue_rows<kHeads, 0, kRows>(acc, ws, quad, ok, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); });
+            if constexpr (kHalves == 1) {
+              epilogue_rows<kHeads, 0, kRows>(acc, gate, true, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); },
+                                              quad);
+            } else {  // this half's rows [half * kRows / 2, ...) and gates (groups offset by kNW / 8)
+              const int r_off = static_cast<int>(half) * (kRows / 2), g_off = static_cast<int>(half) * (kNW / 8);
+              epilogue_rows<kHeads, 0, kRows / 2>(
+                  acc, [&](int gi) { return gate(gi + g_off); }, true,
+                  [&](int rr, int hf, float sum) { store_tile(cur, rr + r_off, hf, sum); }, quad);
+            }
         } else {
           // Two halves (rows [0, kRows / 2) and the rest), committed separately: half A's
           // epilogue runs while half B is on the tensor cores. The warpgroups issue their tiles
@@ -474,16 +605,16 @@ __global__ void __launch_bounds__(kThreads, kCtas)
           turn_pass(cw);
           hopper::wgmma_wait<1>();  // half A done; half B may still run
           hopper::fence_regs(accA);
-          epilogue_rows<kHeads, 0, kHalfRows>(accA, ws, quad, true, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); });
+          epilogue_rows<kHeads, 0, kHalfRows>(accA, gate, true, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
           hopper::wgmma_wait<0>();
           hopper::fence_regs(accB);
           release(s);
-          epilogue_rows<kHeads, kHalfRows, kHalfRows>(accB, ws, quad, true,
-                                                      [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); });
+          epilogue_rows<kHeads, kHalfRows, kHalfRows>(accB, gate, true,
+                                                      [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
         }
       }
-      ++g;
-    });
+      g += static_cast<uint32_t>(n);
+    }
   }
   if constexpr (kOverlap) {
     // Turns pass once per tile (and once before the first): the warpgroup whose turn would be

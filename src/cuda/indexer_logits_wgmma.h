@@ -9,17 +9,25 @@ namespace dsa {
 namespace gpu {
 namespace logits_wg {
 
-// mma_only: the measurement variant without the epilogue (no logits written). overlap: the
-// variant that issues each tile's MMA in two halves so the epilogue runs under the tensor cores
-// (prefill row blocks; paged decode blocks keep the default kernel).
-StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, bool overlap, bool* served);
+// The form of the prefill-shaped row blocks (flat keys; paged general form or next_n > 4):
+//  kFourWg:  four consumer warpgroups of 64 accumulators; blocks of 256 columns are two column
+//            halves, a pair of consumers per key tile (the default since round 5, docs/perf.md);
+//  kOverlap: two consumer warpgroups, blocks of 256 columns, each tile's MMA in two halves so
+//            the epilogue runs under the tensor cores (the default of rounds 3-4);
+//  kSerial:  two consumer warpgroups, 256 columns, the epilogue after each tile's MMA.
+enum class RowsForm { kFourWg, kOverlap, kSerial };
+// mma_only: the measurement variant without the epilogue (no logits written): of the
+// four-consumer form when form is kFourWg, else of the two-consumer serial form.
+StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, RowsForm form, bool* served);
+const char* rows_kernel_name(bool paged, RowsForm form);
 // The form of the paged decode blocks (next_n <= 4, N = next_n x heads columns):
-//  kSerial:  one CTA per SM, each consumer warpgroup one tile at a time (the first form);
-//  kTwoCtas: the same body, two CTAs per SM (N <= 64; wider blocks take kSerial).
-// kDefault is kTwoCtas (measured 10-22% faster on the H200, docs/perf.md "Indexer logits,
-// round 4"). decode_kernel_name says which one a call of that shape runs.
-enum class DecodeForm { kDefault, kSerial, kTwoCtas };
-StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool overlap, DecodeForm form, bool* served);
+//  kSerial:  one CTA per SM, two consumer warpgroups, each one tile at a time (the first form);
+//  kTwoCtas: the same body, two CTAs per SM (N <= 64; wider blocks take the default form);
+//  kFourWg:  one CTA per SM, four consumer warpgroups (256 columns as two halves).
+// kDefault: kTwoCtas for N <= 64, kFourWg above (docs/perf.md rounds 4 and 5).
+// decode_kernel_name says which one a call of that shape runs.
+enum class DecodeForm { kDefault, kSerial, kTwoCtas, kFourWg };
+StatusCode launch_paged(const IndexerLogitsPagedParams& p, RowsForm rows_form, DecodeForm form, bool* served);
 const char* decode_kernel_name(DecodeForm form, int64_t heads, int64_t next_n);
 
 }  // namespace logits_wg

@@ -74,10 +74,12 @@ inline void plan_chunks(Args* a, int sms) {
 
 // kCtas > 1: the grid is the CTAs that are resident at once (kCtas per SM where the device
 // holds that many, fewer where it does not: same work split, same arithmetic).
-template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1>
+// kCons: consumer warpgroups (threads_of).
+template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1, int kCons = 2>
 StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s) {
-  auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue, kOverlap, kCtas>;
-  constexpr int smem = Smem<kHeads * kRows, kRows, stages_of(kCtas)>::kAlloc;
+  auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue, kOverlap, kCtas, kCons>;
+  constexpr int kThreadsN = threads_of(kCons);
+  constexpr int smem = Smem<kHeads * kRows, kRows, stages_of(kCtas, kCons)>::kAlloc;
   static_assert(kCtas * (smem + 1024) <= 233472, "kCtas CTAs fit one SM's shared memory");
   // The shared-memory opt-in is a property of the function on a device: set once per device
   // for each instantiation (not a stream operation, so capture is unaffected), and with it the
@@ -100,7 +102,7 @@ StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const
       // Two CTAs need the whole unified L1/shared carveout as shared memory.
       if (cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
               cudaSuccess ||
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kThreads, smem) != cudaSuccess) {
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kThreadsN, smem) != cudaSuccess) {
         cudaGetLastError();
         return StatusCode::kDeviceError;
       }
@@ -117,7 +119,7 @@ StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const
     return last_launch_status();
   }
   const int64_t grid = a.items < slots ? a.items : slots;
-  kern<<<static_cast<unsigned>(grid), kThreads, smem, s>>>(a, keys, map, smap);
+  kern<<<static_cast<unsigned>(grid), kThreadsN, smem, s>>>(a, keys, map, smap);
   return last_launch_status();
 }
 

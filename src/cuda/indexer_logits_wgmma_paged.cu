@@ -1,6 +1,6 @@
 // Instantiations of the Hopper logits kernel for the paged indexer cache
 // (indexer_logits_paged): decode blocks (one sequence's next_n <= 4 rows, N = next_n x heads)
-// and prefill-shaped row blocks (256 / heads rows, general form or next_n > 4).
+// and prefill-shaped row blocks (general form or next_n > 4: 256 / heads rows, 8 at 16 heads).
 #include "cuda/hopper/hopper.cuh"
 #include "cuda/indexer_logits_wgmma.h"
 #include "cuda/indexer_logits_wgmma_launch.cuh"
@@ -12,13 +12,16 @@ namespace logits_wg {
 
 namespace {
 
+// The form a decode block of n columns runs when `form` is asked. Default: two CTAs up to 64
+// columns, four consumers above (docs/perf.md round 5).
 DecodeForm resolve(DecodeForm form, int n) {
-  if (form == DecodeForm::kDefault) form = DecodeForm::kTwoCtas;
-  if (form == DecodeForm::kTwoCtas && n > kDecodeMaxN2) return DecodeForm::kSerial;
+  if (form == DecodeForm::kDefault) form = n <= kDecodeMaxN2 ? DecodeForm::kTwoCtas : DecodeForm::kFourWg;
+  if (form == DecodeForm::kTwoCtas && n > kDecodeMaxN2) return resolve(DecodeForm::kDefault, n);
   return form;
 }
 
-// A decode block of kRows rows in the form asked, where its N allows it (else kSerial).
+// A decode block of kRows rows (one sequence's next_n rows) in the form asked (the four-consumer
+// form takes a 256-column block, next_n 3-4 at 64 heads, as two column halves).
 template <int kHeads, int kRows>
 StatusCode launch_decode(const Args& a, const PagedKeys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s,
                          DecodeForm form) {
@@ -26,20 +29,26 @@ StatusCode launch_decode(const Args& a, const PagedKeys& keys, const CUtensorMap
   form = resolve(form, kN);
   if constexpr (kN <= kDecodeMaxN2)
     if (form == DecodeForm::kTwoCtas) return launch_kernel<PagedKeys, kHeads, kRows, true, false, 2>(a, keys, map, smap, s);
+  if (form == DecodeForm::kFourWg) return launch_kernel<PagedKeys, kHeads, kRows, true, false, 1, 4>(a, keys, map, smap, s);
   return launch_kernel<PagedKeys, kHeads, kRows, true>(a, keys, map, smap, s);
 }
 
 template <int kHeads>
 StatusCode launch_heads(Args a, const PagedKeys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s, bool decode,
-                        int64_t next_n, bool overlap, DecodeForm form) {
+                        int64_t next_n, RowsForm rows_form, DecodeForm form) {
   if (decode) {
     a.rows_per_block = next_n;
     if (next_n == 1) return launch_decode<kHeads, 1>(a, keys, map, smap, s, form);
     if (next_n == 2) return launch_decode<kHeads, 2>(a, keys, map, smap, s, form);
     return launch_decode<kHeads, 4>(a, keys, map, smap, s, form);
   }
+  if (rows_form == RowsForm::kFourWg) {
+    a.rows_per_block = rows4_of(kHeads);
+    return launch_kernel<PagedKeys, kHeads, rows4_of(kHeads), true, false, 1, 4>(a, keys, map, smap, s);
+  }
   a.rows_per_block = prefill_rows(kHeads);
-  if (overlap) return launch_kernel<PagedKeys, kHeads, prefill_rows(kHeads), true, true>(a, keys, map, smap, s);
+  if (rows_form == RowsForm::kOverlap)
+    return launch_kernel<PagedKeys, kHeads, prefill_rows(kHeads), true, true>(a, keys, map, smap, s);
   return launch_kernel<PagedKeys, kHeads, prefill_rows(kHeads), true>(a, keys, map, smap, s);
 }
 
@@ -49,16 +58,19 @@ const char* decode_kernel_name(DecodeForm form, int64_t heads, int64_t next_n) {
   const int64_t rows = next_n <= 2 ? next_n : 4;  // next_n 3 runs the 4-row block
   switch (resolve(form, static_cast<int>(padded_heads(heads) * rows))) {
     case DecodeForm::kTwoCtas: return "indexer_logits_paged.wgmma_fp8_decode_2cta";
+    case DecodeForm::kFourWg: return "indexer_logits_paged.wgmma_fp8_decode_4wg";
     default: return "indexer_logits_paged.wgmma_fp8_decode";
   }
 }
 
-StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool overlap, DecodeForm form, bool* served) {
+StatusCode launch_paged(const IndexerLogitsPagedParams& p, RowsForm rows_form, DecodeForm form, bool* served) {
   *served = false;
   if (p.q.shape[1] > 64 || !q_aligned(p.q) || p.cache.page_size != kTileKeys) return StatusCode::kOk;
   const int64_t bb = p.cache.block_bytes();
   if (reinterpret_cast<uintptr_t>(p.cache.data) % 16 != 0 || bb % 16 != 0 || bb < kTileKeys * (kD + 4)) return StatusCode::kOk;
   if (p.cache.num_blocks <= 0 || p.cache.num_blocks > 0x7fffffffLL || p.q.shape[0] > 0x7fffffffLL) return StatusCode::kOk;
+  // Key indices of a sequence (block table columns x 64) fit int32 in the kernel's stores.
+  if (p.block_table.shape[1] > 0x7fffffffLL / kTileKeys - 1) return StatusCode::kOk;
   CUtensorMap map;
   const uint64_t dims[3] = {static_cast<uint64_t>(kD), static_cast<uint64_t>(kTileKeys),
                             static_cast<uint64_t>(p.cache.num_blocks)};
@@ -93,9 +105,9 @@ StatusCode launch_paged(const IndexerLogitsPagedParams& p, bool overlap, DecodeF
   const bool decode = !keys.general && p.next_n <= 4;
   const cudaStream_t s = as_stream(p.stream);
   switch (padded_heads(a.heads)) {
-    case 16: return launch_heads<16>(a, keys, map, smap, s, decode, p.next_n, overlap, form);
-    case 32: return launch_heads<32>(a, keys, map, smap, s, decode, p.next_n, overlap, form);
-    default: return launch_heads<64>(a, keys, map, smap, s, decode, p.next_n, overlap, form);
+    case 16: return launch_heads<16>(a, keys, map, smap, s, decode, p.next_n, rows_form, form);
+    case 32: return launch_heads<32>(a, keys, map, smap, s, decode, p.next_n, rows_form, form);
+    default: return launch_heads<64>(a, keys, map, smap, s, decode, p.next_n, rows_form, form);
   }
 }
 

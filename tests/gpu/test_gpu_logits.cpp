@@ -42,24 +42,33 @@ std::string last_kernel_name_note(double rel) {
 
 bool device_is_sm90();
 
-// The wgmma kernel's prefill row blocks should run the overlap form (the epilogue under the
-// MMA): the default, and DSA_CUDA_LOGITS=wgmma_overlap; not wgmma_serial, mma, simt.
-bool overlap_expected() {
+// The kernel the wgmma launcher should name for prefill row blocks (flat keys, or paged rows
+// of the general form / next_n > 4) under DSA_CUDA_LOGITS: the four-consumer form by default
+// (and when a decode form is forced), the two-consumer forms when asked; "" where another
+// kernel is forced.
+std::string expected_rows_kernel(bool paged) {
   const char* v = std::getenv("DSA_CUDA_LOGITS");
-  return v == nullptr || std::strcmp(v, "wgmma_overlap") == 0;
+  const std::string form = v == nullptr ? "" : v;
+  if (form == "mma" || form == "simt" || form == "wgmma_mma_only") return "";
+  const std::string base = paged ? "indexer_logits_paged.wgmma_fp8_rows" : "indexer_logits.wgmma_fp8";
+  if (form == "wgmma_overlap") return base + "_overlap";
+  if (form == "wgmma_serial") return base;
+  return base + "_4wg";
 }
 
 // The decode-block kernel the launcher should name for H heads and next_n rows (page 64,
-// aligned q, sm_90a; "" where DSA_CUDA_LOGITS forces another kernel): the form it asks (default: two tiles in flight), where the
-// block's N = next_n x padded heads allows it, else the serial form.
+// aligned q, sm_90a; "" where DSA_CUDA_LOGITS forces another kernel): by default two CTAs per
+// SM for blocks of N = next_n x padded heads <= 64 columns, four consumer warpgroups above; a
+// forced decode form where it applies (two CTAs only up to 64 columns, else the default).
 std::string expected_decode_kernel(int64_t H, int64_t next_n) {
   const char* v = std::getenv("DSA_CUDA_LOGITS");
-  const std::string form = v == nullptr ? "wgmma_decode_2cta" : v;
+  const std::string form = v == nullptr ? "" : v;
   const int64_t n = (H <= 16 ? 16 : H <= 32 ? 32 : 64) * (next_n <= 2 ? next_n : 4);
   if (form == "mma" || form == "simt" || form == "wgmma_mma_only") return "";  // no wgmma decode block runs
   const std::string base = "indexer_logits_paged.wgmma_fp8_decode";
-  if ((form == "wgmma_decode_2cta" || form == "wgmma_overlap" || form == "wgmma_serial") && n <= 64) return base + "_2cta";
-  return base;
+  if (form == "wgmma_decode_serial") return base;
+  if (form == "wgmma_decode_4wg") return base + "_4wg";
+  return base + (n <= 64 ? "_2cta" : "_4wg");
 }
 
 bool device_is_sm90() {
@@ -426,10 +435,8 @@ void run_paged_pair(const PagedCache& pc, const Queries& Q, int64_t next_n, cons
   gp.logits = dev_tensor(dout, DType::kF32, {R, W});
   DSA_ASSERT_OK(indexer_logits_paged(gp));
   out->rel = launched_rel();
-  if (overlap_expected() && H <= 64 && device_is_sm90() && (row_seq != nullptr || next_n > 4)) {
-    EXPECT_NE(std::strstr(dsa::last_kernel_name(), "wgmma_fp8_rows_overlap"), nullptr)
-        << "expected the overlap variant, ran " << last_kernel_name_note(out->rel);
-  }
+  if (H <= 64 && device_is_sm90() && pc.page == 64 && (row_seq != nullptr || next_n > 4) && !expected_rows_kernel(true).empty())
+    EXPECT_EQ(std::string(dsa::last_kernel_name()), expected_rows_kernel(true));
   if (H <= 64 && device_is_sm90() && pc.page == 64 && row_seq == nullptr && next_n <= 4 &&
       !expected_decode_kernel(H, next_n).empty())
     EXPECT_EQ(std::string(dsa::last_kernel_name()), expected_decode_kernel(H, next_n));
@@ -687,10 +694,8 @@ std::vector<float> flat_vs_oracle(int64_t H, int64_t N, const std::vector<int32_
   if (std::getenv("DSA_CUDA_LOGITS") == nullptr && H <= 64 && device_is_sm90()) {
     EXPECT_GT(rel, 0.0) << "expected the wgmma kernel on sm_90, ran " << last_kernel_name_note(rel);
   }
-  if (overlap_expected() && H <= 64 && device_is_sm90()) {
-    EXPECT_NE(std::strstr(dsa::last_kernel_name(), "wgmma_fp8_overlap"), nullptr) << "expected the overlap variant, ran "
-                                                                                  << last_kernel_name_note(rel);
-  }
+  if (H <= 64 && device_is_sm90() && !expected_rows_kernel(false).empty())
+    EXPECT_EQ(std::string(dsa::last_kernel_name()), expected_rows_kernel(false));
   EXPECT_TRUE(device_clean());
   const std::vector<float> got = dout.download<float>();
   for (int64_t r = 0; r < M; ++r) {
@@ -845,9 +850,11 @@ TEST(GpuLogits, WgmmaPagedDecodeSplitContexts) {
   }
 }
 
-// Both forms of the Hopper decode blocks (one CTA per SM; two, the default for N <= 64) on the
-// decode tests' inputs: each against the oracle, named as expected, and bit-identical to the
-// other (the same body and work split rule; only the number of resident CTAs differs).
+// Every form of the Hopper decode blocks (two consumers at one CTA per SM; two CTAs per SM, the
+// default for N <= 64; four consumers, the default above, 256-column blocks as two column
+// halves) on the decode tests' inputs: each against the oracle, named as expected, and
+// bit-identical to the others (the same per-element MMA and epilogue order; only the consumers
+// per SM and the columns per MMA differ).
 TEST(GpuLogits, WgmmaDecodeFormsAgree) {
   DSA_REQUIRE_GPU();
   if (!device_is_sm90()) GTEST_SKIP() << "the wgmma kernel runs on sm_90a only";
@@ -859,7 +866,7 @@ TEST(GpuLogits, WgmmaDecodeFormsAgree) {
       // enough to split over CTAs; then a column tile past col_offset.
       const std::vector<int32_t> lens = {4097, static_cast<int32_t>(nn), 65, 64, 9000, 130};
       std::vector<float> first;
-      for (const char* form : {"wgmma_decode_serial", "wgmma_decode_2cta"}) {
+      for (const char* form : {"wgmma_decode_serial", "wgmma_decode_2cta", "wgmma_decode_4wg"}) {
         ScopedLogitsKernel force(form);
         std::vector<float> got;
         run_decode(H, lens, nn, 64, 9000, 0, seed, &got);
@@ -976,7 +983,8 @@ TEST(GpuLogits, WgmmaMmaOnlyHookRuns) {
 }
 
 // BF16 logits on the device: bit-equal to the f32 logits of the same kernel rounded to nearest
-// even, on the kernels (wgmma, its overlap variant on flat keys, mma.sync) and both key sources.
+// even, on the kernels (wgmma in its three row-block forms on flat keys, mma.sync) and both key
+// sources (paged: next_n 2 at 64 heads, a four-consumer decode block).
 TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
   DSA_REQUIRE_GPU();
   Rng rng(900);
@@ -996,7 +1004,7 @@ TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
   gp.k_scale = dev_tensor(dsc, DType::kF32, {N});
   gp.ks = dev_tensor(dks, DType::kI32, {M});
   gp.ke = dev_tensor(dke, DType::kI32, {M});
-  for (const char* kernel : {"", "mma", "wgmma_serial"}) {
+  for (const char* kernel : {"", "mma", "wgmma_serial", "wgmma_overlap"}) {
     SCOPED_TRACE(kernel);
     std::unique_ptr<ScopedLogitsKernel> force;
     if (*kernel) force.reset(new ScopedLogitsKernel(kernel));
@@ -1034,23 +1042,28 @@ TEST(GpuLogits, Bf16LogitsAreRoundedF32Logits) {
   for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(b[i], float_to_bf16(f[i])) << i;
 }
 
-// The serial form of the wgmma kernel's prefill row blocks (DSA_CUDA_LOGITS=wgmma_serial: the
-// epilogue after each tile's MMA; the default is the overlap form, each tile's MMA in two
-// halves, pingpong between the consumer warpgroups) on the default kernel's oracle tests: flat
-// tile edges (rows of length 0/1/63/64/65, ranges skipping tiles, row counts off the row block,
-// H 8/16/24/32/64, column tiles), a 128K-key context, paged prefill rows straddling sequences
-// and the general form with bad device data (unresolvable pages: -inf exactly). Same
-// tolerances (the kernel name carries "wgmma"); only on sm_90a, where the variant runs.
-TEST(GpuLogits, WgmmaSerialVariantMatchesOracle) {
+// The two-consumer forms of the wgmma kernel's prefill row blocks (DSA_CUDA_LOGITS=wgmma_serial:
+// blocks of 256 columns, the epilogue after each tile's MMA; wgmma_overlap: each tile's MMA in
+// two halves, pingpong between the consumer warpgroups; the default is the four-consumer form)
+// on the default kernel's oracle tests: flat tile edges (rows of length 0/1/63/64/65, ranges
+// skipping tiles, row counts off the row block, H 8/16/24/32/64, column tiles), a 128K-key
+// context, paged prefill rows straddling sequences and the general form with bad device data
+// (unresolvable pages: -inf exactly). Same tolerances (the kernel name carries "wgmma"); only on
+// sm_90a, where the forms run.
+TEST(GpuLogits, WgmmaTwoConsumerFormsMatchOracle) {
   DSA_REQUIRE_GPU();
   if (!device_is_sm90()) GTEST_SKIP() << "the wgmma kernel runs on sm_90a only";
-  ScopedLogitsKernel force("wgmma_serial");
-  wgmma_flat_tile_edges();
-  if (::testing::Test::HasFailure()) return;
-  run_flat(FlatCase{64, {131072}, {2}, 131072, 0}, 333);
-  run_flat(FlatCase{32, {500, 129, 77}, {40, 129, 5}, 512, 0}, 302);  // prefix-cached, ragged
-  if (::testing::Test::HasFailure()) return;
-  wgmma_paged_prefill_rows();
-  if (::testing::Test::HasFailure()) return;
-  paged_general_form_and_invalid_data();
+  for (const char* form : {"wgmma_serial", "wgmma_overlap"}) {
+    SCOPED_TRACE(form);
+    ScopedLogitsKernel force(form);
+    wgmma_flat_tile_edges();
+    if (::testing::Test::HasFailure()) return;
+    run_flat(FlatCase{64, {131072}, {2}, 131072, 0}, 333);
+    run_flat(FlatCase{32, {500, 129, 77}, {40, 129, 5}, 512, 0}, 302);  // prefix-cached, ragged
+    if (::testing::Test::HasFailure()) return;
+    wgmma_paged_prefill_rows();
+    if (::testing::Test::HasFailure()) return;
+    paged_general_form_and_invalid_data();
+    if (::testing::Test::HasFailure()) return;
+  }
 }
