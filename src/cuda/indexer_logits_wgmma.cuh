@@ -228,13 +228,14 @@ __device__ __forceinline__ RowOut row_out(const Args& a, int64_t r, const RowInf
 struct Pass {
   int32_t t0, t1;  // key tiles [t0, t1)
   uint32_t mask;   // the item's rows of the pass
-  int32_t seq;
 };
 
-__device__ __forceinline__ void store_logit(const Args& a, int64_t r, int64_t c, float v) {
-  if (a.out_bf16) static_cast<uint16_t*>(a.out)[r * a.out0 + c] = float_to_bf16(v);
-  else static_cast<float*>(a.out)[r * a.out0 + c] = v;
+// Output element i (f32, or bf16 rounded to nearest even).
+__device__ __forceinline__ void store_logit_at(const Args& a, int64_t i, float v) {
+  if (a.out_bf16) static_cast<uint16_t*>(a.out)[i] = float_to_bf16(v);
+  else static_cast<float*>(a.out)[i] = v;
 }
+__device__ __forceinline__ void store_logit(const Args& a, int64_t r, int64_t c, float v) { store_logit_at(a, r * a.out0 + c, v); }
 
 // -inf at the columns of row r outside its valid keys [lo, hi) (all columns when none), by
 // threads t of nt. The main kernel writes exactly the other columns, so the two never overlap.
@@ -270,7 +271,6 @@ __device__ __forceinline__ void turn_pass(uint32_t c) {
 struct TileState {
   int32_t t;       // key tile
   uint32_t mask;   // rows of the pass
-  uint32_t stage;  // ring stage, released after the tile's last MMA
   bool ok;         // page resolvable (else -inf)
   float sc0, sc1;  // scales of this thread's two keys
 };
@@ -280,8 +280,7 @@ struct TileState {
 // a transposing reduction over the quad, then store(row, half, sum) (half: key0 or key0 + 8).
 // gate(gi) is this thread's two gates of 8-column group gi (columns 8 gi + 2 quad, + 1).
 template <int kHeads, int kR0, int kNR, int R, class Gate, class Store>
-__device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const Gate& gate, bool ok, const Store& store,
-                                              int quad) {
+__device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const Gate& gate, const Store& store, int quad) {
   constexpr int kGpr = kHeads / 8;  // 8-column groups per row
   static_assert(R == kNR * kHeads / 2, "accumulator of the row range");
   // Rows in groups of kGroup (<= 4) to bound the live partial sums.
@@ -293,19 +292,17 @@ __device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const Gate&
     float part[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) part[v] = 0.f;
-    if (ok) {
 #pragma unroll
-      for (int gi = r0 * kGpr; gi < (r0 + kGroup) * kGpr; ++gi) {
-        const int rl = gi / kGpr - r0;
-        const int li = gi - kR0 * kGpr;  // the group's index in acc
-        const float2 wv = gate(gi);
+    for (int gi = r0 * kGpr; gi < (r0 + kGroup) * kGpr; ++gi) {
+      const int rl = gi / kGpr - r0;
+      const int li = gi - kR0 * kGpr;  // the group's index in acc
+      const float2 wv = gate(gi);
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          float p = part[rl * 2 + hf];
-          p = fmaf(wv.x, fmaxf(acc[4 * li + 2 * hf], 0.f), p);
-          p = fmaf(wv.y, fmaxf(acc[4 * li + 2 * hf + 1], 0.f), p);
-          part[rl * 2 + hf] = p;
-        }
+      for (int hf = 0; hf < 2; ++hf) {
+        float p = part[rl * 2 + hf];
+        p = fmaf(wv.x, fmaxf(acc[4 * li + 2 * hf], 0.f), p);
+        p = fmaf(wv.y, fmaxf(acc[4 * li + 2 * hf + 1], 0.f), p);
+        part[rl * 2 + hf] = p;
       }
     }
     if constexpr (V >= 4) {
@@ -500,7 +497,7 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
     if (ctid == kConsThreads - 1) {
       int np = 0;
       item_passes(a, nrows, chunk, [&](int i) { return keys.row(row0 + i, a.col_offset, a.width); },
-                  [&](int32_t seq, uint32_t mask, int32_t t0, int32_t t1) { pass_s[np++] = Pass{t0, t1, mask, seq}; });
+                  [&](int32_t, uint32_t mask, int32_t t0, int32_t t1) { pass_s[np++] = Pass{t0, t1, mask}; });
       *npass_s = np;
     }
     // q (kN x 128 e4m3) in the 128-byte-swizzled K-major layout; zero for padded heads/rows.
@@ -529,9 +526,7 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
       const RowOut ro = rows_s[rr];
       const int32_t j = ts.t * kTileKeys + key0 + 8 * hf;
       if (j < ro.lo || j >= ro.hi) return;
-      const float v = ts.ok ? sum * (hf ? ts.sc1 : ts.sc0) : -CUDART_INF_F;
-      if (a.out_bf16) static_cast<uint16_t*>(a.out)[ro.off + j] = float_to_bf16(v);
-      else static_cast<float*>(a.out)[ro.off + j] = v;
+      store_logit_at(a, ro.off + j, ts.ok ? sum * (hf ? ts.sc1 : ts.sc0) : -CUDART_INF_F);
     };
     auto release = [&](uint32_t s) {
       __syncwarp();
@@ -553,7 +548,7 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
         // reverse would hang, which the shared item_passes order rules out.
         hopper::mbar_wait(&full[s], ph);
         const bool ok = stage_ok[s] != 0;
-        TileState cur{t, mask, s, ok, 0.f, 0.f};  // scales read before the stage is released
+        TileState cur{t, mask, ok, 0.f, 0.f};  // scales read before the stage is released
         if (kEpilogue && ok) {
           cur.sc0 = scales[s * kTileKeys + key0];
           cur.sc1 = scales[s * kTileKeys + key0 + 8];
@@ -573,12 +568,12 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
           release(s);
           if constexpr (kEpilogue)
             if constexpr (kHalves == 1) {
-              epilogue_rows<kHeads, 0, kRows>(acc, gate, true, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); },
+              epilogue_rows<kHeads, 0, kRows>(acc, gate, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); },
                                               quad);
             } else {  // this half's rows [half * kRows / 2, ...) and gates (groups offset by kNW / 8)
               const int r_off = static_cast<int>(half) * (kRows / 2), g_off = static_cast<int>(half) * (kNW / 8);
               epilogue_rows<kHeads, 0, kRows / 2>(
-                  acc, [&](int gi) { return gate(gi + g_off); }, true,
+                  acc, [&](int gi) { return gate(gi + g_off); },
                   [&](int rr, int hf, float sum) { store_tile(cur, rr + r_off, hf, sum); }, quad);
             }
         } else {
@@ -605,11 +600,11 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
           turn_pass(cw);
           hopper::wgmma_wait<1>();  // half A done; half B may still run
           hopper::fence_regs(accA);
-          epilogue_rows<kHeads, 0, kHalfRows>(accA, gate, true, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
+          epilogue_rows<kHeads, 0, kHalfRows>(accA, gate, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
           hopper::wgmma_wait<0>();
           hopper::fence_regs(accB);
           release(s);
-          epilogue_rows<kHeads, kHalfRows, kHalfRows>(accB, gate, true,
+          epilogue_rows<kHeads, kHalfRows, kHalfRows>(accB, gate,
                                                       [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
         }
       }

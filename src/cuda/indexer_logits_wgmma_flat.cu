@@ -8,6 +8,29 @@ namespace dsa {
 namespace gpu {
 namespace logits_wg {
 
+namespace {
+
+// One head count's row blocks in the form asked (mma_only: without the epilogue; the dispatcher
+// never asks it of 16 heads, so those instantiations are not built).
+template <int kHeads>
+StatusCode launch_flat_heads(Args a, const FlatKeys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s,
+                             bool mma_only, RowsForm form) {
+  if (form == RowsForm::kFourWg) {  // four consumer warpgroups (issue 10, round 5)
+    a.rows_per_block = rows4_of(kHeads);
+    if constexpr (kHeads > 16)
+      if (mma_only) return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), false, false, 1, 4>(a, keys, map, smap, s);
+    return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), true, false, 1, 4>(a, keys, map, smap, s);
+  }
+  a.rows_per_block = prefill_rows(kHeads);
+  if constexpr (kHeads > 16)
+    if (mma_only) return launch_kernel<FlatKeys, kHeads, prefill_rows(kHeads), false>(a, keys, map, smap, s);
+  if (form == RowsForm::kOverlap)  // the epilogue under the tensor cores (round 3)
+    return launch_kernel<FlatKeys, kHeads, prefill_rows(kHeads), true, true>(a, keys, map, smap, s);
+  return launch_kernel<FlatKeys, kHeads, prefill_rows(kHeads), true>(a, keys, map, smap, s);
+}
+
+}  // namespace
+
 StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, RowsForm form, bool* served) {
   *served = false;
   const int64_t n = p.k.shape[0];
@@ -40,40 +63,11 @@ StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, RowsForm for
   a.tiles = ceil_div(n, kTileKeys);
   const cudaStream_t s = as_stream(p.stream);
   const int hp = padded_heads(a.heads);
-  if (mma_only && form == RowsForm::kFourWg) {  // the default form without its epilogue
-    if (hp <= 32) {
-      a.rows_per_block = rows4_of(32);
-      return launch_kernel<FlatKeys, 32, rows4_of(32), false, false, 1, 4>(a, keys, map, smap, s);
-    }
-    a.rows_per_block = rows4_of(64);
-    return launch_kernel<FlatKeys, 64, rows4_of(64), false, false, 1, 4>(a, keys, map, smap, s);
-  }
-  if (mma_only) {  // the serial form without its epilogue
-    if (hp <= 32) {
-      a.rows_per_block = 8;
-      return launch_kernel<FlatKeys, 32, 8, false>(a, keys, map, smap, s);
-    }
-    a.rows_per_block = 4;
-    return launch_kernel<FlatKeys, 64, 4, false>(a, keys, map, smap, s);
-  }
-  if (form == RowsForm::kFourWg) {  // four consumer warpgroups, 128 columns (issue 10, round 5)
-    switch (hp) {
-      case 16: a.rows_per_block = rows4_of(16); return launch_kernel<FlatKeys, 16, rows4_of(16), true, false, 1, 4>(a, keys, map, smap, s);
-      case 32: a.rows_per_block = rows4_of(32); return launch_kernel<FlatKeys, 32, rows4_of(32), true, false, 1, 4>(a, keys, map, smap, s);
-      default: a.rows_per_block = rows4_of(64); return launch_kernel<FlatKeys, 64, rows4_of(64), true, false, 1, 4>(a, keys, map, smap, s);
-    }
-  }
-  if (form == RowsForm::kOverlap) {  // the epilogue under the tensor cores (round 3)
-    switch (hp) {
-      case 16: a.rows_per_block = prefill_rows(16); return launch_kernel<FlatKeys, 16, prefill_rows(16), true, true>(a, keys, map, smap, s);
-      case 32: a.rows_per_block = 8; return launch_kernel<FlatKeys, 32, 8, true, true>(a, keys, map, smap, s);
-      default: a.rows_per_block = 4; return launch_kernel<FlatKeys, 64, 4, true, true>(a, keys, map, smap, s);
-    }
-  }
-  switch (hp) {
-    case 16: a.rows_per_block = prefill_rows(16); return launch_kernel<FlatKeys, 16, prefill_rows(16), true>(a, keys, map, smap, s);
-    case 32: a.rows_per_block = 8; return launch_kernel<FlatKeys, 32, 8, true>(a, keys, map, smap, s);
-    default: a.rows_per_block = 4; return launch_kernel<FlatKeys, 64, 4, true>(a, keys, map, smap, s);
+  // The MMA-only hook times 16-head calls on the 32-head kernel (as it always has).
+  switch (mma_only && hp == 16 ? 32 : hp) {
+    case 16: return launch_flat_heads<16>(a, keys, map, smap, s, mma_only, form);
+    case 32: return launch_flat_heads<32>(a, keys, map, smap, s, mma_only, form);
+    default: return launch_flat_heads<64>(a, keys, map, smap, s, mma_only, form);
   }
 }
 
