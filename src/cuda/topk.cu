@@ -6,6 +6,8 @@
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
+#include "cuda/hopper/hopper.cuh"
+#include "cuda/topk_cluster_kernels.cuh"
 #include "cuda/topk_internal.h"
 #include "cuda/topk_kernels.cuh"
 #include "cuda/topk_radix_kernels.cuh"
@@ -15,9 +17,11 @@ namespace gpu {
 
 namespace {
 
-// DSA_CUDA_TOPK=legacy selects the three-pass kernel for f32 logits (for A/B runs and diagnosis);
-// DSA_CUDA_TOPK=fused_split runs split rows in one launch (segments, then the row's last block
-// merges) instead of the segments and merge launches, until the H200 has checked it.
+// DSA_CUDA_TOPK (for A/B runs and diagnosis): legacy selects the three-pass kernel for f32
+// logits; fused_split runs split rows in one launch (segments, then the row's last block
+// merges) instead of the segments and merge launches; cluster takes the cluster kernel for
+// every row width it serves (<= 196608) whatever the row count, no_cluster never;
+// no_prefetch streams rows and segments without the bulk L2 prefetch.
 bool topk_env_is(const char* value) {
   const char* v = std::getenv("DSA_CUDA_TOPK");
   return v != nullptr && std::strcmp(v, value) == 0;
@@ -36,15 +40,26 @@ int64_t most_segs(int64_t W, int64_t k) {
   return std::max<int64_t>(1, std::min(by_len, by_merge));
 }
 
-enum class Path { kLegacy, kRows, kSplit, kFusedSplit };
+enum class Path { kLegacy, kRows, kSplit, kFusedSplit, kCluster };
 struct Split {
   Path path;
   int64_t segs, seg;
 };
 
+// The cluster kernel (sm_90): a cluster of ceil(W / 24576) CTAs per row, for rows up to
+// 196608 keys, chosen while the clusters fill at most two waves of two CTAs per SM (few rows:
+// decode, small chunks); many rows stream one block per row.
+int64_t cluster_ctas(int64_t W) { return std::max<int64_t>(1, ceil_div(W, topk_cluster::kChunk)); }
+bool cluster_fits(int64_t M, int64_t W, int64_t k) {
+  if (W <= k || W > topk_cluster::kMaxWidth || topk_env_is("no_cluster")) return false;
+  if (!hopper::current_device_is_sm90a()) return false;
+  return topk_env_is("cluster") || M * cluster_ctas(W) <= 2 * block_slots();
+}
+
 Split choose(const TopkParams& p) {
   const int64_t M = p.logits.shape[0], W = p.logits.shape[1], k = p.k;
   if (legacy_forced() && p.logits.dtype == DType::kF32) return {Path::kLegacy, 1, W};
+  if (!fused_split_forced() && cluster_fits(M, W, k)) return {Path::kCluster, cluster_ctas(W), topk_cluster::kChunk};
   const int64_t fill = std::max<int64_t>(1, block_slots() / std::max<int64_t>(M, 1));
   int64_t segs = std::max(forced_segs(W), std::min(fill, most_segs(W, k)));
   if (W <= k || segs <= 1) return {Path::kRows, 1, W};
@@ -64,14 +79,13 @@ size_t split_bytes(int64_t blocks, int64_t k, int64_t rows) {
 // The dynamic shared memory of the streaming kernels exceeds 48 KiB: opt in once per kernel and
 // device (not a stream operation, so graph capture is unaffected).
 template <int kId>
-bool smem_opt_in(const void* kernel) {
+bool smem_opt_in(const void* kernel, int bytes = topk_radix::smem_bytes(16384)) {
   static std::atomic<uint64_t> done_devices{0};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
   if (bit && (done_devices.load(std::memory_order_acquire) & bit)) return true;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           topk_radix::smem_bytes(16384)) != cudaSuccess)
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
     return false;
   done_devices.fetch_or(bit, std::memory_order_acq_rel);
   return true;
@@ -96,7 +110,8 @@ StatusCode legacy_topk(const TopkParams& p) {
   return last_launch_status();
 }
 
-// kId..kId + 3: the smem_opt_in ids of this dtype's rows, segments, merge and fused kernels.
+// kId..kId + 4: the smem_opt_in ids of this dtype's rows, segments, merge, fused and cluster
+// kernels.
 template <class T, int kId>
 StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   namespace r = topk_radix;
@@ -115,8 +130,34 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   }
   a.segs = sp.segs;
   a.seg = sp.seg;
+  a.prefetch = hopper::current_device_is_sm90a() && !topk_env_is("no_prefetch");
   const int smem = r::smem_bytes(p.k);
   const cudaStream_t s = as_stream(p.stream);
+  if (sp.path == Path::kCluster) {
+    if (M * sp.segs > 0x7fffffffLL) return StatusCode::kUnsupported;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(M * sp.segs));
+    cfg.blockDim = dim3(topk_cluster::kThreads);
+    cfg.dynamicSmemBytes = topk_cluster::lo_bytes<T>();
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(sp.segs);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cfg.dynamicSmemBytes > 0 &&
+        !smem_opt_in<kId + 4>(reinterpret_cast<const void*>(&topk_cluster::topk_cluster_kernel<T>),
+                              static_cast<int>(cfg.dynamicSmemBytes)))
+      return StatusCode::kDeviceError;
+    note_kernel("topk.cluster");
+    if (cudaLaunchKernelEx(&cfg, &topk_cluster::topk_cluster_kernel<T>, a) != cudaSuccess) {
+      (void)cudaGetLastError();  // a refused configuration is this call's error, not a sticky one
+      return StatusCode::kDeviceError;
+    }
+    return last_launch_status();
+  }
   if (sp.path == Path::kRows) {
     if (!smem_opt_in<kId>(reinterpret_cast<const void*>(&r::topk_rows_kernel<T>))) return StatusCode::kDeviceError;
     note_kernel("topk.stream_rows");
@@ -170,6 +211,7 @@ const char* topk_kernel_name(const TopkParams& p) {
     case Path::kLegacy: return "topk.radix12";
     case Path::kRows: return "topk.stream_rows";
     case Path::kFusedSplit: return "topk.fused_split";
+    case Path::kCluster: return "topk.cluster";
     default: return "topk.stream_split";
   }
 }
@@ -186,7 +228,7 @@ StatusCode topk(const TopkParams& p) {
   if (M > 0x7fffffffLL) return StatusCode::kUnsupported;
   const Split sp = choose(p);
   if (sp.path == Path::kLegacy) return legacy_topk(p);
-  if (p.logits.dtype == DType::kBF16) return radix_topk<uint16_t, 4>(p, sp);  // ids 4-7: f32 takes 0-3
+  if (p.logits.dtype == DType::kBF16) return radix_topk<uint16_t, 5>(p, sp);  // ids 5-9: f32 takes 0-4
   return radix_topk<float, 0>(p, sp);
 }
 

@@ -23,6 +23,7 @@
 
 #include <type_traits>
 
+#include "cuda/hopper/hopper.cuh"
 #include "cuda/ops_common.cuh"
 
 namespace dsa {
@@ -167,9 +168,13 @@ __device__ __forceinline__ uint32_t warp_reserve(uint32_t cnt, uint32_t* counter
 // step into a bit mask, the warp reserves their slots with one atomic, then the keys are
 // stored; the count goes on past cap, nothing past it is stored. The next step's loads are
 // independent of this step's stores, so warps keep their loads in flight while others append.
+// With `prefetch` (sm_90), thread 0 asks the copy engine to bring the step kAhead steps ahead
+// into L2 (one bulk prefetch of the step's contiguous 16 * kThreads * kUnr bytes), so the bytes
+// in flight per block are not bounded by the registers the loads of one step hold.
+constexpr int kAhead = 2;
 template <int kUnr, class R>
 __device__ __forceinline__ void stream_append(const R& r, uint32_t thr, uint32_t cap, uint32_t* cand_val,
-                                              uint32_t* cand_idx, uint32_t* counter) {
+                                              uint32_t* cand_idx, uint32_t* counter, bool prefetch) {
   using T = typename std::remove_cv<typename std::remove_pointer<decltype(r.x)>::type>::type;
   constexpr int kPer = 16 / static_cast<int>(sizeof(T));
   static_assert(kUnr * kPer <= 32, "one mask bit per key of a step");
@@ -191,6 +196,10 @@ __device__ __forceinline__ void stream_append(const R& r, uint32_t thr, uint32_t
   const auto passes = [&](uint32_t b) { return take_all || f32_ge(b, tf); };
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t base = s * kStep + threadIdx.x;
+    if (prefetch && threadIdx.x == 0 && s + kAhead < steps) {
+      const int64_t first = (s + kAhead) * kStep, n = nvec - first < kStep ? nvec - first : kStep;
+      hopper::prefetch_l2_bulk(xv + first, static_cast<uint32_t>(n * 16));
+    }
     uint4 v[kUnr];
     bool ok[kUnr];
 #pragma unroll
@@ -363,8 +372,10 @@ __device__ __forceinline__ uint32_t bitmap_rank(const uint32_t* bm, const uint16
 // The exact top-k of run r (more than k valid positions; r.len <= kMaxRun), emitted as
 // emit(slot, position, value bits) with slots 0..k-1 in ascending position order. All threads
 // of the block call; `smem` is the dynamic shared memory (smem_bytes(k)).
+// prefetch (block-uniform; runs of 16-byte-aligned keys): the stream's first kAhead steps are
+// asked into L2 before the sample, and each step asks for the one kAhead further.
 template <class R, class Emit>
-__device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Emit&& emit) {
+__device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Emit&& emit, bool prefetch = false) {
   const int tid = threadIdx.x, lane = tid % kWarp;
   const uint32_t cap = static_cast<uint32_t>(cand_cap(k));
   uint32_t* hist = reinterpret_cast<uint32_t*>(smem);
@@ -376,6 +387,13 @@ __device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Em
   if (tid == 0) {
     sh.cand_n = 0;
     sh.gather_n = 0;
+  }
+  using Elem = typename std::remove_cv<typename std::remove_pointer<decltype(r.x)>::type>::type;
+  prefetch = prefetch && (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0;
+  if (prefetch && tid == 0) {
+    const int64_t bytes = len * static_cast<int64_t>(sizeof(Elem)) / 16 * 16;
+    const int64_t ahead = static_cast<int64_t>(kAhead) * kThreads * kUnroll * 16;
+    if (bytes > 0) hopper::prefetch_l2_bulk(r.x, static_cast<uint32_t>(bytes < ahead ? bytes : ahead));
   }
 
   // 1. Threshold. Runs that fit the list take every key (t = 0).
@@ -426,7 +444,7 @@ __device__ void block_topk(const R& r, uint32_t k, uint8_t* smem, Shared& sh, Em
   __syncthreads();  // cand_n = 0 is visible
 
   // 2. Stream: append every key >= thr.
-  stream_append<kUnroll>(r, thr, cap, cand_val, cand_idx, &sh.cand_n);
+  stream_append<kUnroll>(r, thr, cap, cand_val, cand_idx, &sh.cand_n, prefetch);
   __syncthreads();
   const uint32_t lt_mask = (1u << lane) - 1u;
   const uint32_t n = sh.cand_n;
@@ -570,7 +588,8 @@ struct Args {
   int64_t width, k;
   int32_t* indices; int64_t i0;
   float* values; int64_t v0;  // nullptr when not requested
-  int64_t segs, seg;          // split rows: segs blocks of seg keys per row
+  int64_t segs, seg;          // split rows: segs blocks of seg keys per row (cluster: CTAs per row)
+  bool prefetch;              // stream rows and segments with bulk L2 prefetch (sm_90)
   float* ws_val;              // [M, segs, k] per-segment winners (split rows only)
   int32_t* ws_idx;
 };
@@ -613,7 +632,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_rows_kernel(Args a) {
              [&](uint32_t slot, int64_t pos, uint32_t b) {
                idx[slot] = static_cast<int32_t>(pos);
                if (val) val[slot] = __uint_as_float(b);
-             });
+             }, a.prefetch);
 }
 
 // Split rows, step 1: block (row, s) writes the top-k of keys [s * seg, (s + 1) * seg) of the
@@ -639,7 +658,7 @@ __device__ __forceinline__ void segment_winners(const Args& a, int64_t row, int6
   block_topk(r, static_cast<uint32_t>(a.k), smem, sh, [&](uint32_t slot, int64_t pos, uint32_t b) {
     wv[slot] = __uint_as_float(b);
     wi[slot] = static_cast<int32_t>(base + pos);
-  });
+  }, a.prefetch);
 }
 
 // Split rows, step 2: the top-k of the row's segs * k slot lists (in ascending position order

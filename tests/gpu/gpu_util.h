@@ -26,6 +26,17 @@ inline bool have_gpu() {
   return present;
 }
 
+// Compute capability 9.0 (H100/H200): where the sm_90a kernels run and the launchers choose them.
+inline bool device_is_sm90() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return prop.major == 9 && prop.minor == 0;
+}
+
 #define DSA_REQUIRE_GPU()                                          \
   do {                                                             \
     if (!::dsa_gpu_test::have_gpu()) GTEST_SKIP() << "no CUDA device"; \

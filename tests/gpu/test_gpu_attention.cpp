@@ -27,6 +27,7 @@ using dsa::DType;
 using dsa::Status;
 using dsa::TensorDesc;
 using dsa_gpu_test::DeviceBuffer;
+using dsa_gpu_test::device_is_sm90;
 
 constexpr int64_t D = 576, DV = 512;
 constexpr float kScale = 0.13523f;  // DeepSeek-V3.2's sm_scale
@@ -762,12 +763,6 @@ struct ScopedSparseKernel {
   explicit ScopedSparseKernel(const char* v) { setenv("DSA_SPARSE_KERNEL", v, 1); }
   ~ScopedSparseKernel() { unsetenv("DSA_SPARSE_KERNEL"); }
 };
-
-bool device_is_sm90() {
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
-  return prop.major == 9 && prop.minor == 0;
-}
 
 // What the launcher should choose for these keys and heads (16-byte-aligned q).
 const char* expected_kernel(const HostKv& kv, int64_t H) {

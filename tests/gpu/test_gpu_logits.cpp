@@ -40,8 +40,6 @@ std::string last_kernel_name_note(double rel) {
   return std::string("kernel '") + dsa::last_kernel_name() + (rel > 0 ? "' (fp8 wgmma tolerance)" : "' (exact-product tolerance)");
 }
 
-bool device_is_sm90();
-
 // The kernel the wgmma launcher should name for prefill row blocks (flat keys, or paged rows
 // of the general form / next_n > 4) under DSA_CUDA_LOGITS: the four-consumer form by default
 // (and when a decode form is forced), the two-consumer forms when asked; "" where another
@@ -69,16 +67,6 @@ std::string expected_decode_kernel(int64_t H, int64_t next_n) {
   if (form == "wgmma_decode_serial") return base;
   if (form == "wgmma_decode_4wg") return base + "_4wg";
   return base + (n <= 64 ? "_2cta" : "_4wg");
-}
-
-bool device_is_sm90() {
-  int dev = 0;
-  cudaDeviceProp prop{};
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return prop.major == 9 && prop.minor == 0;
 }
 
 uint8_t random_e4m3(Rng& rng) {

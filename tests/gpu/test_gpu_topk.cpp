@@ -106,6 +106,15 @@ std::string run_topk(const std::vector<float>& x, int64_t M, int64_t W, int64_t 
   return name;
 }
 
+// Forces a top-k kernel choice (DSA_CUDA_TOPK) for the scope.
+struct ScopedTopkKernel {
+  explicit ScopedTopkKernel(const char* v) { setenv("DSA_CUDA_TOPK", v, 1); }
+  ~ScopedTopkKernel() { unsetenv("DSA_CUDA_TOPK"); }
+};
+
+// Few rows of at most 196608 keys take the cluster kernel on sm_90, the split elsewhere.
+std::string few_rows_kernel() { return device_is_sm90() ? "topk.cluster" : "topk.stream_split"; }
+
 unsigned long long fallbacks() {
   unsigned long long n = 0;
   EXPECT_EQ(gpu::topk_fallback_count(&n), StatusCode::kOk);
@@ -221,11 +230,18 @@ TEST(GpuTopk, OneBlockAndSplitPathsAtEveryK) {
     const int64_t W = std::max<int64_t>(32768, std::min<int64_t>(16 * k, 131072));  // >= 2 runs of 16384
     const std::vector<int32_t> len = {static_cast<int32_t>(W), 0, 1, static_cast<int32_t>(k - 1), static_cast<int32_t>(k),
                                       static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 1), static_cast<int32_t>(W / 2 + 3)};
-    EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kNormal), "topk.stream_split") << k;
+    EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kNormal), few_rows_kernel()) << k;
+    {
+      ScopedTopkKernel no_cluster("no_cluster");
+      EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kNormal), "topk.stream_split") << k;
+    }
     std::vector<int32_t> many(400);
     for (size_t i = 0; i < many.size(); ++i) many[i] = len[i % len.size()];
     if (k <= 2048) EXPECT_EQ(run_topk_same(rng, 400, W, k, many, Fill::kNormal, false), "topk.stream_rows") << k;
   }
+  EXPECT_EQ(run_topk_same(rng, 3, 5000, 2048, {5000, 4097, 2049}, Fill::kNormal),
+            device_is_sm90() ? "topk.cluster" : "topk.stream_rows");
+  ScopedTopkKernel no_cluster("no_cluster");
   EXPECT_EQ(run_topk_same(rng, 3, 5000, 2048, {5000, 4097, 2049}, Fill::kNormal), "topk.stream_rows");
 }
 
@@ -234,9 +250,10 @@ TEST(GpuTopk, OneBlockAndSplitPathsAtEveryK) {
 TEST(GpuTopk, RandomRowsTakeTheStreamingPath) {
   DSA_REQUIRE_GPU();
   Rng rng(22);
+  ScopedTopkKernel no_cluster("no_cluster");  // the streaming kernels are what this checks
   const unsigned long long before = fallbacks();
-  run_topk_same(rng, 300, 32768, 2048, std::vector<int32_t>(300, 32768), Fill::kNormal, false);
-  run_topk_same(rng, 4, 131072, 2048, {131072, 131072, 100000, 65536}, Fill::kNormal);
+  EXPECT_EQ(run_topk_same(rng, 300, 32768, 2048, std::vector<int32_t>(300, 32768), Fill::kNormal, false), "topk.stream_rows");
+  EXPECT_EQ(run_topk_same(rng, 4, 131072, 2048, {131072, 131072, 100000, 65536}, Fill::kNormal), "topk.stream_split");
   EXPECT_EQ(fallbacks(), before);
 }
 
@@ -264,8 +281,13 @@ TEST(GpuTopk, StreamThresholdAmongDenormalsNegativesAndZeros) {
       }
     }
     const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(W));
-    run_topk(x, M, W, 2048, len, len, true);
-    run_topk(x, M, W, 2048, len, len, true, /*bf16=*/true);
+    {
+      ScopedTopkKernel no_cluster("no_cluster");
+      run_topk(x, M, W, 2048, len, len, true);
+      run_topk(x, M, W, 2048, len, len, true, /*bf16=*/true);
+    }
+    run_topk(x, M, W, 2048, len, len, true);  // few rows: the cluster kernel on sm_90
+    run_topk(x, M, W, 2048, len, len, true, true);
   }
 }
 
@@ -279,11 +301,20 @@ TEST(GpuTopk, OverflowTakesTheExactFallback) {
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < W; ++j)
         x[i * W + j] = i % 2 ? 2.5f : (j % 50000 == 7 ? 3.f : -0.f);  // all equal; all but a few equal
-    const unsigned long long before = fallbacks();
     const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(W));
-    const std::string name = run_topk(x, M, W, 2048, len, len, true);
-    EXPECT_EQ(name, M == 2 ? "topk.stream_split" : "topk.stream_rows");
-    EXPECT_GT(fallbacks(), before) << name;
+    {
+      ScopedTopkKernel no_cluster("no_cluster");
+      const unsigned long long before = fallbacks();
+      const std::string name = run_topk(x, M, W, 2048, len, len, true);
+      EXPECT_EQ(name, M == 2 ? "topk.stream_split" : "topk.stream_rows");
+      EXPECT_GT(fallbacks(), before) << name;
+    }
+    // The cluster kernel has no candidate list: the same rows, exact, and no fallback.
+    if (M == 2 && device_is_sm90()) {
+      const unsigned long long before = fallbacks();
+      EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true), "topk.cluster");
+      EXPECT_EQ(fallbacks(), before);
+    }
   }
   // Underfill: the sampled chunks (32 runs of 128 keys spread over the row) hold the row's
   // largest values, so few keys pass the threshold. Rows of W = 65536 on the one-block path.
@@ -355,10 +386,6 @@ TEST(GpuTopk, Bf16Rows) {
 // The same exactness as the two-launch split at its edge shapes: lengths around k, empty and
 // one-key rows, ties, specials, one-bucket floods, 1M-key rows, bf16; reruns bit-identical.
 // Plain CUDA, so it runs on every device the suite runs on.
-struct ScopedTopkKernel {
-  explicit ScopedTopkKernel(const char* v) { setenv("DSA_CUDA_TOPK", v, 1); }
-  ~ScopedTopkKernel() { unsetenv("DSA_CUDA_TOPK"); }
-};
 
 TEST(GpuTopk, FusedSplitMatchesAtEdgeShapes) {
   DSA_REQUIRE_GPU();
@@ -405,6 +432,94 @@ TEST(GpuTopk, FusedSplitMatchesAtEdgeShapes) {
   EXPECT_EQ(run_topk_same(rng, 2, WM, 2048, {static_cast<int32_t>(WM), 900000}, Fill::kFewLevels), "topk.fused_split");
   // Rows the split never takes keep their kernel under the switch.
   EXPECT_EQ(run_topk_same(rng, 3, 5000, 2048, {5000, 4097, 2049}, Fill::kNormal), "topk.stream_rows");
+}
+
+// The cluster kernel (sm_90; chosen for few rows of <= 196608 keys, forced here for any row
+// count): chunk edges (widths 24576 +- 1, 30000, 131071, 196608: clusters of 1-8 CTAs, CTAs
+// past the row's length), lengths around k, empty and one-key rows, odd widths (unaligned rows), ties,
+// specials, one-bucket floods, last-bit differences, signed zeros, -inf runs, NaN, bf16, k up
+// to 16384; reruns bit-identical; many rows (several waves of clusters).
+TEST(GpuTopk, ClusterMatchesAtEdgeShapes) {
+  DSA_REQUIRE_GPU();
+  if (!device_is_sm90()) GTEST_SKIP() << "the cluster kernel runs on sm_90 only";
+  ScopedTopkKernel force("cluster");
+  Rng rng(41);
+  for (int64_t k : {64, 2048, 16384}) {
+    for (int64_t W : {int64_t{24575}, int64_t{24576}, int64_t{24577}, int64_t{30000}, int64_t{65536}, int64_t{131071},
+                      int64_t{196608}}) {
+      if (W <= k) continue;
+      const int32_t w = static_cast<int32_t>(W), kk = static_cast<int32_t>(k);
+      const std::vector<int32_t> len = {w, 0, 1, kk - 1, kk, kk + 1, w - 1, w / 2 + 3, std::min(w, 24577), std::min(w, 24575)};
+      const int64_t M = static_cast<int64_t>(len.size());
+      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kNormal), "topk.cluster") << k << " " << W;
+      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kFewLevels, false), "topk.cluster") << k << " " << W;
+      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kSpecials, true, true), "topk.cluster") << k << " " << W;
+    }
+  }
+  const int64_t W = 100000, M = 7;
+  std::vector<float> x(static_cast<size_t>(M * W));
+  for (int64_t j = 0; j < W; ++j) {
+    x[j] = 0.75f;
+    x[W + j] = 1.f + std::ldexp(static_cast<float>(rng.integer(0, (1 << 20) - 1)), -23);
+    x[2 * W + j] = j % 2 ? std::nextafter(1.5f, 2.f) : 1.5f;
+    x[3 * W + j] = (j % 9973 == 17) ? 3.f + static_cast<float>(j % 5) : 0.25f;
+    x[4 * W + j] = (j % 3 == 0) ? -0.f : (j % 3 == 1 ? 0.f : -1.f);
+    x[5 * W + j] = (j / 700) % 2 ? -kInf : static_cast<float>(rng.integer(-2, 2));
+    x[6 * W + j] = j % 4 == 0 ? std::numeric_limits<float>::quiet_NaN() : (j % 4 == 1 ? -kInf : rng.normal());
+  }
+  for (int64_t k : {64, 2048, 16384}) {
+    const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W), static_cast<int32_t>(W - 1),
+                                      static_cast<int32_t>(W), static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 3),
+                                      static_cast<int32_t>(W)};
+    EXPECT_EQ(run_topk(x, M, W, k, len, len, true), "topk.cluster") << k;
+    EXPECT_EQ(run_topk(x, M, W, k, len, len, true, true), "topk.cluster") << k;
+  }
+  // Many rows: far more clusters than fit at once.
+  std::vector<int32_t> many(600);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>(i % 7 == 0 ? 2047 : 65536 - (i * 37) % 4000);
+  EXPECT_EQ(run_topk_same(rng, 600, 65536, 2048, many, Fill::kNormal, false), "topk.cluster");
+  // Wider rows keep the other kernels under the switch.
+  EXPECT_EQ(run_topk_same(rng, 2, 196609, 2048, {196609, 196000}, Fill::kNormal), "topk.stream_split");
+}
+
+// The cluster kernel's first digit counts only keys above a floor taken from a 1-in-24 sample
+// (keys 0 and 24 of each thread: positions p with p % 768 < 32 * e and p % e == 0, e the keys
+// per 16 bytes). Rows whose sampled positions hold their largest values put fewer than k keys
+// above the floor: the kernel must count the first digit again over every key (the fallback
+// counter shows it ran) and still give the exact answer.
+TEST(GpuTopk, ClusterSampleMissTakesTheFullHistogram) {
+  DSA_REQUIRE_GPU();
+  if (!device_is_sm90()) GTEST_SKIP() << "the cluster kernel runs on sm_90 only";
+  Rng rng(43);
+  const int64_t M = 4, W = 65536;
+  for (const bool bf16 : {false, true}) {
+    const int64_t e = bf16 ? 8 : 4;
+    std::vector<float> x(static_cast<size_t>(M * W));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < W; ++j)
+        x[i * W + j] = (j % 768 < 32 * e && j % e == 0) ? 1000.f + static_cast<float>(j % 4096) : rng.normal();
+    const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W - 5), 40000, 20000};
+    const unsigned long long before = fallbacks();
+    EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true, bf16), "topk.cluster") << bf16;
+    EXPECT_GT(fallbacks(), before) << bf16;
+  }
+  // Ordinary rows never need it.
+  const unsigned long long before = fallbacks();
+  EXPECT_EQ(run_topk_same(rng, 64, 65536, 2048, std::vector<int32_t>(64, 65536), Fill::kNormal), "topk.cluster");
+  EXPECT_EQ(fallbacks(), before);
+}
+
+// The default choice: the benchmark's decode-like shape (64 rows of 65536) takes the cluster
+// kernel on sm_90, every row a different length class; many rows stream a row per block.
+TEST(GpuTopk, FewRowsTakeTheClusterKernel) {
+  DSA_REQUIRE_GPU();
+  Rng rng(42);
+  std::vector<int32_t> len64(64);
+  for (int i = 0; i < 64; ++i) len64[i] = i % 4 == 0 ? 65536 : (i % 4 == 1 ? 65536 - i : (i % 4 == 2 ? 2049 + 997 * i : 2047 + i % 3));
+  EXPECT_EQ(run_topk_same(rng, 64, 65536, 2048, len64, Fill::kNormal, false), few_rows_kernel());
+  EXPECT_EQ(run_topk_same(rng, 64, 65536, 2048, len64, Fill::kNormal, true, true), few_rows_kernel());
+  EXPECT_EQ(run_topk_same(rng, 600, 65536, 2048, std::vector<int32_t>(600, 65536), Fill::kNormal, false),
+            "topk.stream_rows");
 }
 
 // The planner sizes a chunk's scratch for its largest row count and reuses it for fewer rows:

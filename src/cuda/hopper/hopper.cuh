@@ -193,6 +193,73 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 #endif
 }
 
+// Hint: bring [p, p + bytes) into L2 through the copy engine, one instruction for the whole
+// range (p and bytes multiples of 16; no register result, no completion to wait for).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(p)), "r"(bytes) : "memory");
+#else
+  (void)p; (void)bytes;
+#endif
+}
+
+// ---- thread-block clusters (sm_90) -------------------------------------------------------
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+#if __CUDA_ARCH__ >= 900
+  return cuda::ptx::get_sreg_cluster_ctarank();
+#else
+  __trap(); return 0;
+#endif
+}
+// Every thread of every CTA of the cluster arrives (release) and waits (acquire): shared
+// memory written before it is visible to the cluster's other CTAs after it. The first one
+// also guarantees every CTA of the cluster has started (before any remote access).
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  cuda::ptx::barrier_cluster_arrive();
+  cuda::ptx::barrier_cluster_wait();
+#else
+  __trap();
+#endif
+}
+// The shared::cluster address of `p` (this CTA's shared memory) in CTA `rank`'s window.
+__device__ __forceinline__ uint32_t cluster_map(const void* p, uint32_t rank) {
+  uint32_t out = 0;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_addr(p)), "r"(rank));
+#else
+  (void)p; (void)rank; __trap();
+#endif
+  return out;
+}
+__device__ __forceinline__ uint32_t cluster_ld_u32(uint32_t addr) {
+  uint32_t v = 0;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+#else
+  (void)addr; __trap();
+#endif
+  return v;
+}
+__device__ __forceinline__ uint4 cluster_ld_v4(uint32_t addr) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+#if __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+#else
+  (void)addr; __trap();
+#endif
+  return v;
+}
+__device__ __forceinline__ void cluster_st_v2(uint32_t addr, uint32_t a, uint32_t b) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(a), "r"(b) : "memory");
+#else
+  (void)addr; (void)a; (void)b; __trap();
+#endif
+}
+
 // ---- wgmma -------------------------------------------------------------------------------
 
 enum class Swizzle : uint32_t { kNone = 0, k128B = 1, k64B = 2, k32B = 3 };
