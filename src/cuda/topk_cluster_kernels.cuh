@@ -56,18 +56,6 @@ struct Shared {
   uint32_t digit, above;
 };
 
-// The generic address of `p` in CTA `rank`'s shared memory (ordinary loads and stores reach it).
-template <class P>
-__device__ __forceinline__ P* in_cta(P* p, uint32_t rank) {
-  uint64_t out = 0;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
-#else
-  (void)p; (void)rank; __trap();
-#endif
-  return reinterpret_cast<P*>(out);
-}
-
 __device__ __forceinline__ void bin_inc(uint32_t* hist, uint32_t d) { atomicAdd(&hist[d >> 1], 1u << ((d & 1u) * 16u)); }
 __device__ __forceinline__ uint32_t bin_of(uint32_t word, uint32_t d) { return (word >> ((d & 1u) * 16u)) & 0xffffu; }
 
@@ -110,7 +98,7 @@ __device__ __forceinline__ void cluster_choose(const uint32_t* hist, uint32_t C,
   const uint32_t* mine = hist + (top + 1 - kPer) / 2;
   uint32_t sum = 0;
   for (uint32_t r = 0; r < C; ++r) {
-    const uint32_t* src = in_cta(mine, r);
+    const uint32_t* src = hopper::cluster_peer(mine, r);
 #pragma unroll
     for (int w = 0; w < kPer / 2; ++w) sum += (src[w] >> 16) + (src[w] & 0xffffu);
   }
@@ -126,7 +114,7 @@ __device__ __forceinline__ void cluster_choose(const uint32_t* hist, uint32_t C,
     uint32_t cnt = 0;
     if (lane < kPer) {
       const uint32_t b = o_top - static_cast<uint32_t>(lane);
-      for (uint32_t r = 0; r < C; ++r) cnt += bin_of(*in_cta(hist + b / 2, r), b);
+      for (uint32_t r = 0; r < C; ++r) cnt += bin_of(*hopper::cluster_peer(hist + b / 2, r), b);
     }
     uint32_t x = cnt;  // inclusive scan over the lanes (the bins, highest first)
 #pragma unroll
@@ -330,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_kernel(radix::Args a
   const uint32_t thread_before = block_exclusive_scan(__reduce_add_sync(0xffffffffu, mine) * (lane == 0), sh, &cta_total);
   const uint32_t warp_before = __shfl_sync(0xffffffffu, thread_before, 0);
   if (tid < static_cast<int>(C)) {
-    uint32_t* slot = in_cta(&sh.totals[c][0], static_cast<uint32_t>(tid));
+    uint32_t* slot = hopper::cluster_peer(&sh.totals[c][0], static_cast<uint32_t>(tid));
     slot[0] = cta_total >> 16;
     slot[1] = cta_total & 0xffffu;
   }

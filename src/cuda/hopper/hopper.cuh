@@ -223,41 +223,17 @@ __device__ __forceinline__ void cluster_sync() {
   __trap();
 #endif
 }
-// The shared::cluster address of `p` (this CTA's shared memory) in CTA `rank`'s window.
-__device__ __forceinline__ uint32_t cluster_map(const void* p, uint32_t rank) {
-  uint32_t out = 0;
+// The generic address of `p` (a shared-memory object of this CTA) in the cluster's CTA `rank`
+// (mapa): ordinary loads, stores and atomics through it reach that CTA's copy.
+template <class P>
+__device__ __forceinline__ P* cluster_peer(P* p, uint32_t rank) {
+  uint64_t out = 0;
 #if __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_addr(p)), "r"(rank));
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
 #else
   (void)p; (void)rank; __trap();
 #endif
-  return out;
-}
-__device__ __forceinline__ uint32_t cluster_ld_u32(uint32_t addr) {
-  uint32_t v = 0;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-#else
-  (void)addr; __trap();
-#endif
-  return v;
-}
-__device__ __forceinline__ uint4 cluster_ld_v4(uint32_t addr) {
-  uint4 v = make_uint4(0u, 0u, 0u, 0u);
-#if __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
-#else
-  (void)addr; __trap();
-#endif
-  return v;
-}
-__device__ __forceinline__ void cluster_st_v2(uint32_t addr, uint32_t a, uint32_t b) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(a), "r"(b) : "memory");
-#else
-  (void)addr; (void)a; (void)b; __trap();
-#endif
+  return reinterpret_cast<P*>(out);
 }
 
 // ---- wgmma -------------------------------------------------------------------------------
