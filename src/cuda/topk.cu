@@ -21,7 +21,8 @@ namespace {
 // logits; fused_split runs split rows in one launch (segments, then the row's last block
 // merges) instead of the segments and merge launches; cluster takes the cluster kernel for
 // every row width it serves (<= 196608) whatever the row count, no_cluster never;
-// no_prefetch streams rows and segments without the bulk L2 prefetch.
+// no_floor runs the cluster kernel without its sample round; no_prefetch streams rows and
+// segments without the bulk L2 prefetch.
 bool topk_env_is(const char* value) {
   const char* v = std::getenv("DSA_CUDA_TOPK");
   return v != nullptr && std::strcmp(v, value) == 0;
@@ -131,6 +132,7 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   a.segs = sp.segs;
   a.seg = sp.seg;
   a.prefetch = hopper::current_device_is_sm90a() && !topk_env_is("no_prefetch");
+  a.sample_floor = !topk_env_is("no_floor");
   const int smem = r::smem_bytes(p.k);
   const cudaStream_t s = as_stream(p.stream);
   if (sp.path == Path::kCluster) {

@@ -241,18 +241,20 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_kernel(radix::Args a
 
   // Sample: keys 0 and 24 of every thread (1 in 24 of the row). The sample bin above which
   // about 2k + 512 of the row's keys would lie gives the floor of the first digit.
-#pragma unroll
-  for (int i = 0; i < kKeys; i += kSampleStride)
-    bin_inc(sh.hist_top[0], keys.high(i) >> (16 - kTopBits));
-  hopper::cluster_sync();
   uint32_t floor_rank = 0;
-  cluster_choose<kTopBins>(sh.hist_top[0], C, [&](uint32_t samples) {
-    // 1 in 24 positions was sampled: rank (2k + 512) / 24 of the sample (0: no floor). The
-    // margin keeps the sample's error (about sqrt(rank)) from missing k, for small k too.
-    const uint32_t r = (2u * k + 512u + kSampleStride - 1u) / kSampleStride;
-    floor_rank = r >= samples ? 0u : r;
-    return floor_rank;
-  }, sh, &digit, &above, &total);
+  if (a.sample_floor) {  // the same in every CTA of the launch
+#pragma unroll
+    for (int i = 0; i < kKeys; i += kSampleStride)
+      bin_inc(sh.hist_top[0], keys.high(i) >> (16 - kTopBits));
+    hopper::cluster_sync();
+    cluster_choose<kTopBins>(sh.hist_top[0], C, [&](uint32_t samples) {
+      // 1 in 24 positions was sampled: rank (2k + 512) / 24 of the sample (0: no floor). The
+      // margin keeps the sample's error (about sqrt(rank)) from missing k, for small k too.
+      const uint32_t r = (2u * k + 512u + kSampleStride - 1u) / kSampleStride;
+      floor_rank = r >= samples ? 0u : r;
+      return floor_rank;
+    }, sh, &digit, &above, &total);
+  }
   const uint32_t floor_digit = floor_rank ? digit : 0u;
 
   // Digit 1: the top 12 bits of the keys at or above the floor.

@@ -509,6 +509,25 @@ TEST(GpuTopk, ClusterSampleMissTakesTheFullHistogram) {
   EXPECT_EQ(fallbacks(), before);
 }
 
+// DSA_CUDA_TOPK=no_floor: the cluster kernel without its sample round (the first digit over
+// every key) gives the same answers, ties, specials and one-bucket floods included.
+TEST(GpuTopk, ClusterWithoutTheFloorMatches) {
+  DSA_REQUIRE_GPU();
+  if (!device_is_sm90()) GTEST_SKIP() << "the cluster kernel runs on sm_90 only";
+  ScopedTopkKernel force("no_floor");
+  Rng rng(44);
+  const std::vector<int32_t> len = {65536, 65535, 2049, 2048, 40000, 1, 0, 30001};
+  EXPECT_EQ(run_topk_same(rng, 8, 65536, 2048, len, Fill::kNormal), "topk.cluster");
+  EXPECT_EQ(run_topk_same(rng, 8, 65536, 2048, len, Fill::kFewLevels), "topk.cluster");
+  EXPECT_EQ(run_topk_same(rng, 8, 65536, 64, len, Fill::kSpecials, true, true), "topk.cluster");
+  std::vector<float> x(static_cast<size_t>(2 * 100000));
+  for (int64_t j = 0; j < 100000; ++j) {
+    x[j] = 0.75f;
+    x[100000 + j] = 1.f + std::ldexp(static_cast<float>(rng.integer(0, (1 << 20) - 1)), -23);
+  }
+  EXPECT_EQ(run_topk(x, 2, 100000, 16384, {100000, 99999}, {100000, 99999}, true), "topk.cluster");
+}
+
 // The default choice: the benchmark's decode-like shape (64 rows of 65536) takes the cluster
 // kernel on sm_90, every row a different length class; many rows stream a row per block.
 TEST(GpuTopk, FewRowsTakeTheClusterKernel) {
