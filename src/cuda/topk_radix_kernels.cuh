@@ -1,4 +1,5 @@
-// Kernel bodies of the streaming radix top-k (SPEC §3.5). Plain CUDA (no sm_90a features).
+// Kernel bodies of the streaming radix top-k (SPEC §3.5). Plain CUDA; on sm_90 the stream also
+// asks the copy engine for bulk L2 prefetches (a no-op hint elsewhere).
 //
 // One block selects the exact top-k of one run of keys (a row, a segment of a long row, or a
 // merge list of per-segment winners):
