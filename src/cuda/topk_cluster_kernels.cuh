@@ -36,7 +36,6 @@ namespace topk_cluster {
 namespace radix = topk_radix;
 
 constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / kWarp;
 constexpr int kKeys = 48;                                           // keys per thread
 constexpr int kWarpKeys = kWarp * kKeys;                            // 1536 consecutive keys per warp
 constexpr int64_t kChunk = static_cast<int64_t>(kThreads) * kKeys;  // 24576 keys per CTA
@@ -52,35 +51,13 @@ struct Shared {
   uint32_t hist_top[2][kTopBins / 2];
   uint32_t hist_low[2][kLowBins / 2];  // second and third digits
   uint32_t totals[kMaxCtas][2];        // (keys > T, keys == T) of CTA r's chunk, written by CTA r
-  uint32_t warp_sums[kWarps];
+  radix::Shared scan;  // the streaming kernels' block scan (same 512 threads)
   uint32_t digit, above;
 };
+static_assert(kThreads == radix::kThreads, "radix::block_exclusive_scan and identity_row assume its block size");
 
 __device__ __forceinline__ void bin_inc(uint32_t* hist, uint32_t d) { atomicAdd(&hist[d >> 1], 1u << ((d & 1u) * 16u)); }
 __device__ __forceinline__ uint32_t bin_of(uint32_t word, uint32_t d) { return (word >> ((d & 1u) * 16u)) & 0xffffu; }
-
-// Exclusive prefix sum over the block; *total gets the sum. Ends with a barrier.
-__device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, Shared& sh, uint32_t* total) {
-  const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp;
-  uint32_t x = v;
-#pragma unroll
-  for (int o = 1; o < kWarp; o <<= 1) {
-    const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == kWarp - 1) sh.warp_sums[wid] = x;
-  __syncthreads();
-  uint32_t before = x - v, all = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    const uint32_t s = sh.warp_sums[w];
-    before += w < wid ? s : 0u;
-    all += s;
-  }
-  *total = all;
-  __syncthreads();  // warp_sums is reused by the next scan
-  return before;
-}
 
 // The cluster's choice of a digit over every CTA's copy of a packed histogram of kBins bins.
 // Thread t owns kBins / kThreads consecutive bins from the top; the block scan of the owners'
@@ -103,7 +80,7 @@ __device__ __forceinline__ void cluster_choose(const uint32_t* hist, uint32_t C,
     for (int w = 0; w < kPer / 2; ++w) sum += (src[w] >> 16) + (src[w] & 0xffffu);
   }
   uint32_t all;
-  const uint32_t above = block_exclusive_scan(sum, sh, &all);
+  const uint32_t above = radix::block_exclusive_scan(sum, sh.scan, &all);
   const uint32_t rank = rank_of(all);
   const bool owner = above < rank && above + sum >= rank;
   const uint32_t owners = __ballot_sync(0xffffffffu, owner);
@@ -223,11 +200,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_kernel(radix::Args a
   int32_t* idx = a.indices + row * a.i0;
   float* val = a.values ? a.values + row * a.v0 : nullptr;
   if (L <= a.k) {  // the same for every CTA of the cluster: none of them reaches a barrier
-    if (c == 0)
-      for (int64_t j = tid; j < a.k; j += kThreads) {
-        idx[j] = j < L ? static_cast<int32_t>(j) : -1;
-        if (val) val[j] = j < L ? __uint_as_float(radix::f32_bits(x[j])) : -CUDART_INF_F;
-      }
+    if (c == 0) radix::identity_row<T>(a, row, L);
     return;
   }
   for (int i = tid; i < kTopBins; i += kThreads) sh.hist_top[i / (kTopBins / 2)][i % (kTopBins / 2)] = 0u;
@@ -317,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_kernel(radix::Args a
 #pragma unroll
   for (int i = 0; i < kKeys; ++i) mine += packed(i);
   uint32_t cta_total;
-  const uint32_t thread_before = block_exclusive_scan(__reduce_add_sync(0xffffffffu, mine) * (lane == 0), sh, &cta_total);
+  const uint32_t thread_before = radix::block_exclusive_scan(__reduce_add_sync(0xffffffffu, mine) * (lane == 0), sh.scan, &cta_total);
   const uint32_t warp_before = __shfl_sync(0xffffffffu, thread_before, 0);
   if (tid < static_cast<int>(C)) {
     uint32_t* slot = hopper::cluster_peer(&sh.totals[c][0], static_cast<uint32_t>(tid));

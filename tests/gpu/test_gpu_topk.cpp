@@ -106,6 +106,22 @@ std::string run_topk(const std::vector<float>& x, int64_t M, int64_t W, int64_t 
   return name;
 }
 
+// Seven rows of W keys built to defeat radix selection: all equal, a flood of one 12-bit bucket,
+// last-bit differences, a few above a flood, +-0, -inf runs, NaN.
+std::vector<float> adversarial_rows(Rng& rng, int64_t W) {
+  std::vector<float> x(static_cast<size_t>(7 * W));
+  for (int64_t j = 0; j < W; ++j) {
+    x[j] = 0.75f;
+    x[W + j] = 1.f + std::ldexp(static_cast<float>(rng.integer(0, (1 << 20) - 1)), -23);
+    x[2 * W + j] = j % 2 ? std::nextafter(1.5f, 2.f) : 1.5f;
+    x[3 * W + j] = (j % 9973 == 17) ? 3.f + static_cast<float>(j % 5) : 0.25f;
+    x[4 * W + j] = (j % 3 == 0) ? -0.f : (j % 3 == 1 ? 0.f : -1.f);
+    x[5 * W + j] = (j / 700) % 2 ? -kInf : static_cast<float>(rng.integer(-2, 2));
+    x[6 * W + j] = j % 4 == 0 ? std::numeric_limits<float>::quiet_NaN() : (j % 4 == 1 ? -kInf : rng.normal());
+  }
+  return x;
+}
+
 // Forces a top-k kernel choice (DSA_CUDA_TOPK) for the scope.
 struct ScopedTopkKernel {
   explicit ScopedTopkKernel(const char* v) { setenv("DSA_CUDA_TOPK", v, 1); }
@@ -406,16 +422,7 @@ TEST(GpuTopk, FusedSplitMatchesAtEdgeShapes) {
   // Adversarial rows of 100000 keys: all equal, a 100K flood of one 12-bit bucket, last-bit
   // differences, a few above a flood, +-0, -inf runs, NaN.
   const int64_t W = 100000, M = 7;
-  std::vector<float> x(static_cast<size_t>(M * W));
-  for (int64_t j = 0; j < W; ++j) {
-    x[j] = 0.75f;
-    x[W + j] = 1.f + std::ldexp(static_cast<float>(rng.integer(0, (1 << 20) - 1)), -23);
-    x[2 * W + j] = j % 2 ? std::nextafter(1.5f, 2.f) : 1.5f;
-    x[3 * W + j] = (j % 9973 == 17) ? 3.f + static_cast<float>(j % 5) : 0.25f;
-    x[4 * W + j] = (j % 3 == 0) ? -0.f : (j % 3 == 1 ? 0.f : -1.f);
-    x[5 * W + j] = (j / 700) % 2 ? -kInf : static_cast<float>(rng.integer(-2, 2));
-    x[6 * W + j] = j % 4 == 0 ? std::numeric_limits<float>::quiet_NaN() : (j % 4 == 1 ? -kInf : rng.normal());
-  }
+  const std::vector<float> x = adversarial_rows(rng, W);
   for (int64_t k : {64, 2048}) {
     const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W), static_cast<int32_t>(W - 1),
                                       static_cast<int32_t>(W), static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 3),
@@ -457,16 +464,7 @@ TEST(GpuTopk, ClusterMatchesAtEdgeShapes) {
     }
   }
   const int64_t W = 100000, M = 7;
-  std::vector<float> x(static_cast<size_t>(M * W));
-  for (int64_t j = 0; j < W; ++j) {
-    x[j] = 0.75f;
-    x[W + j] = 1.f + std::ldexp(static_cast<float>(rng.integer(0, (1 << 20) - 1)), -23);
-    x[2 * W + j] = j % 2 ? std::nextafter(1.5f, 2.f) : 1.5f;
-    x[3 * W + j] = (j % 9973 == 17) ? 3.f + static_cast<float>(j % 5) : 0.25f;
-    x[4 * W + j] = (j % 3 == 0) ? -0.f : (j % 3 == 1 ? 0.f : -1.f);
-    x[5 * W + j] = (j / 700) % 2 ? -kInf : static_cast<float>(rng.integer(-2, 2));
-    x[6 * W + j] = j % 4 == 0 ? std::numeric_limits<float>::quiet_NaN() : (j % 4 == 1 ? -kInf : rng.normal());
-  }
+  const std::vector<float> x = adversarial_rows(rng, W);
   for (int64_t k : {64, 2048, 16384}) {
     const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W), static_cast<int32_t>(W - 1),
                                       static_cast<int32_t>(W), static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 3),
