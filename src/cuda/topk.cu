@@ -3,6 +3,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
@@ -20,7 +23,7 @@ namespace {
 // DSA_CUDA_TOPK (for A/B runs and diagnosis): legacy selects the three-pass kernel for f32
 // logits; fused_split runs split rows in one launch (segments, then the row's last block
 // merges) instead of the segments and merge launches; cluster takes the cluster kernel for
-// every row width it serves (<= 196608) whatever the row count, no_cluster never;
+// every row width it serves (<= 262144) whatever the row count, no_cluster never;
 // no_floor runs the cluster kernel without its sample round; no_prefetch streams rows and
 // segments without the bulk L2 prefetch.
 bool topk_env_is(const char* value) {
@@ -47,20 +50,132 @@ struct Split {
   int64_t segs, seg;
 };
 
-// The cluster kernel (sm_90): a cluster of ceil(W / 24576) CTAs per row, for rows up to
-// 196608 keys, chosen while the clusters fill at most two waves of two CTAs per SM (few rows:
-// decode, small chunks); many rows stream one block per row.
-int64_t cluster_ctas(int64_t W) { return std::max<int64_t>(1, ceil_div(W, topk_cluster::kChunk)); }
-bool cluster_fits(int64_t M, int64_t W, int64_t k) {
-  if (W <= k || W > topk_cluster::kMaxWidth || topk_env_is("no_cluster")) return false;
-  if (!hopper::current_device_is_sm90a()) return false;
-  return topk_env_is("cluster") || M * cluster_ctas(W) <= 2 * block_slots();
+// The dynamic shared memory of the streaming kernels exceeds 48 KiB: opt in once per kernel and
+// device (not a stream operation, so graph capture is unaffected).
+template <int kId>
+bool smem_opt_in(const void* kernel, int bytes = topk_radix::smem_bytes(16384)) {
+  static std::atomic<uint64_t> done_devices{0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit && (done_devices.load(std::memory_order_acquire) & bit)) return true;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+    return false;
+  done_devices.fetch_or(bit, std::memory_order_acq_rel);
+  return true;
+}
+
+// The cluster kernel (sm_90): a cluster of C <= 8 CTAs of m keys a thread per row, for rows
+// up to 262144 keys (few rows: decode, small chunks). A CTA's time is mostly fixed latency
+// (loads, cluster barriers, remote histogram reads), so the shape is the largest C whose M
+// clusters all fit at once (one wave), else the fewest waves; the clusters that fit come from
+// the occupancy calculator (clusters are placed within a GPC, so "CTAs per SM x SMs / C"
+// overstates them: 62 clusters of 4 CTAs fit on the H200, not 66). Chosen while that is at
+// most two waves; more rows stream one block per row. DSA_CUDA_TOPK_CTAS=C forces C (A/B runs).
+struct ClusterShape {
+  int64_t ctas = 0, keys = 0;  // C, m; ctas 0: the cluster kernel does not serve the shape
+};
+
+// Keys a thread for rows of W keys over C CTAs: a power of two, at least 8.
+int64_t cluster_keys(int64_t W, int64_t C) {
+  int64_t m = 8;
+  while (m * topk_cluster::kThreads * C < W) m *= 2;
+  return m;
+}
+
+template <class T>
+const void* cluster_kernel(int64_t m) {
+  return m == topk_cluster::kMaxKeys ? reinterpret_cast<const void*>(&topk_cluster::topk_cluster_kernel<T, true>)
+                                     : reinterpret_cast<const void*>(&topk_cluster::topk_cluster_kernel<T, false>);
+}
+
+// Both forms of the cluster kernel take up to keys_bytes(kMaxKeys) of dynamic shared memory
+// (ids kId and kId + 10: the smem_opt_in ids of the dtype's cluster kernels).
+template <class T, int kId>
+bool cluster_opt_in() {
+  const int bytes = topk_cluster::keys_bytes(topk_cluster::kMaxKeys);
+  return smem_opt_in<kId>(cluster_kernel<T>(topk_cluster::kMaxKeys), bytes) &&
+         smem_opt_in<kId + 10>(cluster_kernel<T>(topk_cluster::kMaxKeys / 2), bytes);
+}
+
+// Clusters of C CTAs with m keys a thread that fit on the current device at once; 0 when the
+// runtime refuses the configuration. Cached per (device, dtype, C, m): a host query per shape.
+template <class T, int kId>
+int64_t clusters_at_once(int64_t C, int64_t m) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int64_t, int64_t>, int64_t> cache;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  const auto key = std::make_tuple(device, C, m);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  if (!cluster_opt_in<T, kId>()) return 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(C * 64));
+  cfg.blockDim = dim3(topk_cluster::kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(topk_cluster::keys_bytes(static_cast<int>(m)));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(C);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, cluster_kernel<T>(m), &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  cache[key] = n;
+  return n;
+}
+
+template <class T, int kId>
+ClusterShape cluster_shape_for(int64_t M, int64_t W, bool forced) {
+  const int64_t c_min = ceil_div(W, topk_cluster::kThreads * topk_cluster::kMaxKeys);
+  if (const char* v = std::getenv("DSA_CUDA_TOPK_CTAS")) {
+    const int64_t C = std::atoll(v);
+    if (C >= c_min && C <= topk_cluster::kMaxCtas) return {C, cluster_keys(W, C)};
+  }
+  ClusterShape best;
+  int64_t best_waves = 0;
+  for (int64_t m = topk_cluster::kMaxKeys; m >= 8; m /= 2) {
+    const int64_t C = ceil_div(W, topk_cluster::kThreads * m);
+    if (C > topk_cluster::kMaxCtas || (m < 16 && C > 1)) break;  // no CTAs of fewer than 16 keys a thread
+    const int64_t at_once = clusters_at_once<T, kId>(C, m);
+    if (at_once <= 0) continue;
+    const int64_t waves = ceil_div(M, at_once);
+    // Fewer waves; in one wave the most CTAs; the same CTAs with less padding.
+    if (best.ctas == 0 || waves < best_waves || (waves == best_waves && (waves == 1 || C == best.ctas))) {
+      best = {C, m};
+      best_waves = waves;
+    }
+  }
+  if (!forced && best_waves > 2) return {};
+  return best;
+}
+
+ClusterShape cluster_shape(int64_t M, int64_t W, int64_t k, DType dtype) {
+  if (W <= k || W > topk_cluster::kMaxWidth || topk_env_is("no_cluster")) return {};
+  if (!hopper::current_device_is_sm90a()) return {};
+  const bool forced = topk_env_is("cluster");
+  const int64_t c_min = ceil_div(W, topk_cluster::kThreads * topk_cluster::kMaxKeys);
+  if (!forced && M * c_min > 2 * block_slots()) return {};  // spares the occupancy queries for many rows
+  // smem_opt_in ids: kId + 4 of radix_topk's dtype ranges (f32 0-4, bf16 5-9), and + 10 of it.
+  return dtype == DType::kBF16 ? cluster_shape_for<uint16_t, 9>(M, W, forced) : cluster_shape_for<float, 4>(M, W, forced);
 }
 
 Split choose(const TopkParams& p) {
   const int64_t M = p.logits.shape[0], W = p.logits.shape[1], k = p.k;
   if (legacy_forced() && p.logits.dtype == DType::kF32) return {Path::kLegacy, 1, W};
-  if (!fused_split_forced() && cluster_fits(M, W, k)) return {Path::kCluster, cluster_ctas(W), topk_cluster::kChunk};
+  if (!fused_split_forced()) {
+    const ClusterShape cs = cluster_shape(M, W, k, p.logits.dtype);
+    if (cs.ctas > 0) return {Path::kCluster, cs.ctas, cs.keys * topk_cluster::kThreads};
+  }
   const int64_t fill = std::max<int64_t>(1, block_slots() / std::max<int64_t>(M, 1));
   int64_t segs = std::max(forced_segs(W), std::min(fill, most_segs(W, k)));
   if (W <= k || segs <= 1) return {Path::kRows, 1, W};
@@ -75,21 +190,6 @@ Split choose(const TopkParams& p) {
 // the 256-byte alignment slack.
 size_t split_bytes(int64_t blocks, int64_t k, int64_t rows) {
   return static_cast<size_t>(blocks * k) * 8 + static_cast<size_t>(rows) * 4 + 256;
-}
-
-// The dynamic shared memory of the streaming kernels exceeds 48 KiB: opt in once per kernel and
-// device (not a stream operation, so graph capture is unaffected).
-template <int kId>
-bool smem_opt_in(const void* kernel, int bytes = topk_radix::smem_bytes(16384)) {
-  static std::atomic<uint64_t> done_devices{0};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit && (done_devices.load(std::memory_order_acquire) & bit)) return true;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
-    return false;
-  done_devices.fetch_or(bit, std::memory_order_acq_rel);
-  return true;
 }
 
 StatusCode legacy_topk(const TopkParams& p) {
@@ -140,7 +240,7 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(M * sp.segs));
     cfg.blockDim = dim3(topk_cluster::kThreads);
-    cfg.dynamicSmemBytes = topk_cluster::lo_bytes<T>();
+    cfg.dynamicSmemBytes = static_cast<size_t>(topk_cluster::keys_bytes(static_cast<int>(sp.seg / topk_cluster::kThreads)));
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -149,12 +249,12 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    if (cfg.dynamicSmemBytes > 0 &&
-        !smem_opt_in<kId + 4>(reinterpret_cast<const void*>(&topk_cluster::topk_cluster_kernel<T>),
-                              static_cast<int>(cfg.dynamicSmemBytes)))
-      return StatusCode::kDeviceError;
+    if (!cluster_opt_in<T, kId + 4>()) return StatusCode::kDeviceError;
     note_kernel("topk.cluster");
-    if (cudaLaunchKernelEx(&cfg, &topk_cluster::topk_cluster_kernel<T>, a) != cudaSuccess) {
+    const cudaError_t e = sp.seg == topk_cluster::kMaxKeys * topk_cluster::kThreads
+                              ? cudaLaunchKernelEx(&cfg, &topk_cluster::topk_cluster_kernel<T, true>, a)
+                              : cudaLaunchKernelEx(&cfg, &topk_cluster::topk_cluster_kernel<T, false>, a);
+    if (e != cudaSuccess) {
       (void)cudaGetLastError();  // a refused configuration is this call's error, not a sticky one
       return StatusCode::kDeviceError;
     }

@@ -1,28 +1,29 @@
 // Kernel body of the cluster top-k (SPEC §3.5), sm_90: one thread-block cluster per row.
 //
-// For few rows of up to 196608 keys (decode; small prefill chunks), where one block per row
+// For few rows of up to 262144 keys (decode; small prefill chunks), where one block per row
 // leaves most SMs idle and a split with a merge pays two selection chains one after the other:
-//   1. the row is cut into chunks of 24576 keys, one per CTA of a cluster of C <= 8 CTAs, and
-//      read once (coalesced 16-byte loads). Each key becomes its order-preserving u32; its top
-//      16 bits stay in registers (two keys a register: 24 registers for a thread's 48 keys),
-//      its low 16 bits go to shared memory (f32 only: a bf16 key's low half follows from its
-//      top half). So 64 rows of 65536 keys are 64 clusters of 3 CTAs, one wave at two CTAs
-//      per SM (clusters of 4 CTAs of 16384 keys do not: 62 of them fit at once on the H200);
-//   2. a radix select of three digits (12 + 10 + 10 bits): each CTA counts its keys into a
-//      shared histogram (two u16 bins per word: a CTA holds at most 24576 keys), a cluster
-//      barrier, then every CTA reads all C histograms of the digit through distributed shared
-//      memory and picks the same bin (no broadcast: one barrier per digit; each digit has its
-//      own histogram, so none is overwritten while another CTA may still read it). The first
-//      digit counts only keys at or above a floor taken from a 1-in-24 sample (one barrier
-//      before): a few thousand keys instead of the whole row, since shared atomics serialise on
-//      the few bins where most of a row's keys lie. When fewer than k keys reach the floor
-//      the first digit is counted again over every key (counted in g_topk_fallbacks). Only
-//      keys that share the top 12 bits of the threshold read their low half. The result is
-//      the exact k-th key T and the number of keys equal to T to take (the lowest positions);
-//   3. every CTA ranks its selected keys in position order (warp scans per 16-byte column, a
-//      block scan over warps, and the totals of the cluster's lower CTAs, exchanged in shared
-//      memory with a last barrier) and writes them at their output slots (values re-read from
-//      the row: the order key loses -0 and NaN payloads).
+//   1. the row is cut into C <= 8 chunks of 512 * m keys (m = 8, 16, 32 or 64 keys a thread,
+//      chosen by the launcher), one per CTA of the cluster, read once with 16-byte loads; every
+//      key's order-preserving u32 goes to shared memory (4 bytes a key). While
+//      loading, each CTA counts a 1-in-16 sample by its top 12 bits and takes its maximum;
+//   2. one cluster barrier; every CTA reads the C sample histograms and maxima through
+//      distributed shared memory and finds the same floor: the 12-bit bin of the sample
+//      above which about 2k + 512 of the row's keys lie. The first pass counts the keys
+//      between the floor and the row's maximum in 4096 bins spread over exactly that range,
+//      so a row whose keys crowd a few values still spreads over many bins (shared atomics
+//      serialise on one address). Each later pass counts the keys of the chosen bin in 4096
+//      bins of its range, until the bin is one key value (at most three passes over shared
+//      memory; two for most rows). One cluster barrier per pass: histograms alternate between
+//      two buffers, so none is cleared while another CTA may still read it. When fewer than k
+//      keys reach the floor (a sample unlike its row) the first pass is counted again from key
+//      0 (counted in g_topk_fallbacks). The result is a key range [T_lo, T_hi] holding the
+//      k-th key and the number of its keys to take, the lowest positions first: T_lo == T_hi,
+//      or every key of the range is taken;
+//   3. every thread ranks the 4m consecutive positions it owns (bit masks of the keys above
+//      and inside the range), a block scan and the totals of the cluster's lower CTAs
+//      (exchanged in shared memory with a last barrier) give each thread its first output
+//      slot, and it writes its selected positions in order (values re-read from the row: the
+//      order key loses -0 and NaN payloads).
 // No candidate list and no workspace: every input takes an exact path, and the answer is a
 // function of the input only, so reruns are bit-identical.
 #pragma once
@@ -36,164 +37,142 @@ namespace topk_cluster {
 namespace radix = topk_radix;
 
 constexpr int kThreads = 512;
-constexpr int kKeys = 48;                                           // keys per thread
-constexpr int kWarpKeys = kWarp * kKeys;                            // 1536 consecutive keys per warp
-constexpr int64_t kChunk = static_cast<int64_t>(kThreads) * kKeys;  // 24576 keys per CTA
-constexpr int kMaxCtas = 8;                                         // portable cluster size
-constexpr int64_t kMaxWidth = kChunk * kMaxCtas;                    // rows up to 196608 keys
-constexpr int kTopBits = 12, kLowBits = 10;                         // 12 + 10 + 10 = 32
-constexpr int kTopBins = 1 << kTopBits, kLowBins = 1 << kLowBits;
-constexpr int kSampleStride = kKeys / 2;  // keys 0 and 24 of each thread: 1 in 24
-
-struct Shared {
-  // Packed histograms: bin b in word b / 2, half b % 2. First digit: [0] the sample's (then
-  // every key's, if the floor misses), [1] the keys' at or above the floor.
-  uint32_t hist_top[2][kTopBins / 2];
-  uint32_t hist_low[2][kLowBins / 2];  // second and third digits
-  uint32_t totals[kMaxCtas][2];        // (keys > T, keys == T) of CTA r's chunk, written by CTA r
-  radix::Shared scan;  // the streaming kernels' block scan (same 512 threads)
-  uint32_t digit, above;
-};
+constexpr int kMaxKeys = 64;  // keys per thread (a power of two, >= 8): shared memory holds 4 bytes a key
+constexpr int kMaxCtas = 8;   // portable cluster size
+constexpr int64_t kMaxWidth = static_cast<int64_t>(kThreads) * kMaxKeys * kMaxCtas;  // 262144
+constexpr int kBits = 12, kBins = 1 << kBits;
+constexpr int kSampleEvery = 16;  // chunk positions p with p % 16 == 0
 static_assert(kThreads == radix::kThreads, "radix::block_exclusive_scan and identity_row assume its block size");
 
-__device__ __forceinline__ void bin_inc(uint32_t* hist, uint32_t d) { atomicAdd(&hist[d >> 1], 1u << ((d & 1u) * 16u)); }
-__device__ __forceinline__ uint32_t bin_of(uint32_t word, uint32_t d) { return (word >> ((d & 1u) * 16u)) & 0xffffu; }
+// Dynamic shared memory for m keys a thread.
+__host__ __device__ constexpr int keys_bytes(int m) { return kThreads * m * 4; }
 
-// The cluster's choice of a digit over every CTA's copy of a packed histogram of kBins bins.
-// Thread t owns kBins / kThreads consecutive bins from the top; the block scan of the owners'
-// sums finds the owner of the bin where the running count from the top first reaches
-// rank_of(total of all bins), and that owner's warp walks its bins (a lane a bin). All threads
-// get the bin (1 <= rank <= total, else *digit is unspecified), the count above it and the
-// total. Reads remote shared memory: the caller's cluster barrier comes before.
-template <int kBins, class RankOf>
-__device__ __forceinline__ void cluster_choose(const uint32_t* hist, uint32_t C, RankOf&& rank_of, Shared& sh,
-                                               uint32_t* digit, uint32_t* above_out, uint32_t* total_out) {
-  constexpr int kPer = kBins / kThreads;  // bins per thread: 16 or 4, at most one a lane
-  static_assert(kPer % 2 == 0 && kPer <= kWarp, "whole words per thread, a lane per bin");
-  const int tid = threadIdx.x, lane = tid % kWarp;
-  const uint32_t top = static_cast<uint32_t>(kBins - 1 - kPer * tid);  // this thread's highest bin
-  const uint32_t* mine = hist + (top + 1 - kPer) / 2;
-  uint32_t sum = 0;
+struct Shared {
+  uint32_t hist[2][kBins];        // u32 bins: the address is the bin (packed halves cost 7 more instructions a count)
+  uint32_t totals[kMaxCtas][2];   // (keys above the range, keys in it) of CTA r's chunk, written by CTA r
+  radix::Shared scan;             // the streaming kernels' block scan (same 512 threads)
+  uint32_t digit, above, count;   // cluster_choose's answer
+  uint32_t cta_max;               // this chunk's largest key
+};
+
+// Order-preserving key of f32 bits: 2^31 +- |x| (so -0 == +0), every NaN 0 (below -inf's
+// 2^23). Six integer instructions; the streaming kernels' order_key differs from it for
+// negative values, but each kernel only compares its own keys.
+__device__ __forceinline__ uint32_t key_of(uint32_t u) {
+  const uint32_t mag = u & 0x7fffffffu;
+  const uint32_t neg = static_cast<uint32_t>(static_cast<int32_t>(u) >> 31);
+  const uint32_t key = 0x80000000u + (mag ^ neg) - neg;
+  return mag > 0x7f800000u ? 0u : key;
+}
+
+// The smallest shift s with span >> s < kBins.
+__device__ __forceinline__ uint32_t shift_for(uint32_t span) {
+  return span < static_cast<uint32_t>(kBins) ? 0u : static_cast<uint32_t>(32 - __clz(span)) - kBits;
+}
+
+// Where quad Q of the chunk (positions 4Q..4Q+3) lives in shared memory. Thread t owns quads
+// [t * tq, t * tq + tq) (tq = m / 4 = 1 << lt) for the ranking; its quad q sits at slot
+// (q + t) mod tq of its range, so the 8 threads of a shared-memory phase that read their quad q
+// at once hit 8 different 16-byte bank groups (tq >= 8; 2-way conflicts below), and the loads
+// of consecutive quads store without conflicts too.
+__device__ __forceinline__ int quad_slot(int Q, int lt) {
+  const int mask = (1 << lt) - 1;
+  return (Q & ~mask) | ((Q + (Q >> lt)) & mask);
+}
+
+// The cluster's choice of a bin over every CTA's copy of a histogram. Thread t owns the 8
+// consecutive bins from kBins - 1 - 8t down: it sums them over the C copies (two 16-byte
+// remote reads per CTA) into registers, the block scan of the owners' sums finds the owner of
+// the bin where the running count from the top first reaches `rank`, and the owner walks its
+// own 8 bins (one round of remote reads in all). Every thread gets the bin (if 1 <= rank <=
+// total; else the answer is unspecified), the count above it, its own count, and the total.
+// Reads remote shared memory: the caller's cluster barrier comes first.
+__device__ __forceinline__ void cluster_choose(const uint32_t* hist, uint32_t C, uint32_t rank, Shared& sh,
+                                               uint32_t* digit, uint32_t* above_out, uint32_t* count_out,
+                                               uint32_t* total_out) {
+  constexpr int kPer = kBins / kThreads;
+  static_assert(kPer == 8, "two 16-byte words of bins per thread");
+  const int tid = threadIdx.x;
+  const uint32_t top = static_cast<uint32_t>(kBins - 1 - kPer * tid);
+  const uint4* mine = reinterpret_cast<const uint4*>(hist + (top + 1 - kPer));
+  uint32_t bin[kPer] = {};  // bin[i]: bin top + 1 - kPer + i
   for (uint32_t r = 0; r < C; ++r) {
-    const uint32_t* src = hopper::cluster_peer(mine, r);
-#pragma unroll
-    for (int w = 0; w < kPer / 2; ++w) sum += (src[w] >> 16) + (src[w] & 0xffffu);
+    const uint4* src = hopper::cluster_peer(mine, r);
+    const uint4 a = src[0], b = src[1];
+    bin[0] += a.x; bin[1] += a.y; bin[2] += a.z; bin[3] += a.w;
+    bin[4] += b.x; bin[5] += b.y; bin[6] += b.z; bin[7] += b.w;
   }
+  uint32_t sum = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) sum += bin[i];
   uint32_t all;
   const uint32_t above = radix::block_exclusive_scan(sum, sh.scan, &all);
-  const uint32_t rank = rank_of(all);
-  const bool owner = above < rank && above + sum >= rank;
-  const uint32_t owners = __ballot_sync(0xffffffffu, owner);
-  if (owners != 0u) {  // the owner's warp: lane j counts bin top(owner) - j
-    const int src_lane = __ffs(owners) - 1;
-    const uint32_t o_top = __shfl_sync(0xffffffffu, top, src_lane);
-    const uint32_t o_above = __shfl_sync(0xffffffffu, above, src_lane);
-    uint32_t cnt = 0;
-    if (lane < kPer) {
-      const uint32_t b = o_top - static_cast<uint32_t>(lane);
-      for (uint32_t r = 0; r < C; ++r) cnt += bin_of(*hopper::cluster_peer(hist + b / 2, r), b);
-    }
-    uint32_t x = cnt;  // inclusive scan over the lanes (the bins, highest first)
+  if (above < rank && above + sum >= rank) {  // one thread: walk its bins from the top
+    uint32_t run = above;
 #pragma unroll
-    for (int o = 1; o < kWarp; o <<= 1) {
-      const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += y;
-    }
-    const bool here = lane < kPer && o_above + x - cnt < rank && o_above + x >= rank;
-    if (here) {
-      sh.digit = o_top - static_cast<uint32_t>(lane);
-      sh.above = o_above + x - cnt;
+    for (int i = kPer - 1; i >= 0; --i) {
+      if (run + bin[i] >= rank) {
+        sh.digit = top + 1 - kPer + static_cast<uint32_t>(i);
+        sh.above = run;
+        sh.count = bin[i];
+        break;
+      }
+      run += bin[i];
     }
   }
   __syncthreads();
   *digit = sh.digit;
   *above_out = sh.above;
+  *count_out = sh.count;
   *total_out = all;
 }
 
-// This thread's keys: warp w of CTA c holds positions [base, base + 1536) with
-// base = c * kChunk + w * 1536; lane l holds the kPer keys of each 16-byte column q at
-// base + q * 32 * kPer + l * kPer (coalesced loads), key i = q * kPer + e. Keys at or past L are
-// not loaded. hi: the top 16 bits of each order key, two a register; the low 16 bits of an
-// f32 key are at its CTA-local position in `lo`.
-template <class T>
-struct Keys {
-  static constexpr bool kF32 = sizeof(T) == 4;
-  static constexpr int kPer = 16 / static_cast<int>(sizeof(T));
-  static constexpr int kCols = kKeys / kPer;
-  uint32_t hi[kKeys / 2];
-  // Extracted anew at every use (a volatile asm): the compiler would otherwise keep each key's
-  // extracted half alive from one pass to the next, a register per key.
-  __device__ __forceinline__ uint32_t high(int i) const {
-    uint32_t r;
-    asm volatile("bfe.u32 %0, %1, %2, 16;" : "=r"(r) : "r"(hi[i / 2]), "r"((i & 1) * 16));
-    return r;
-  }
-  // The CTA-local position of key i (lane l of warp w).
-  __device__ __forceinline__ static int local(int wid, int lane, int i) {
-    return wid * kWarpKeys + (i / kPer) * kWarp * kPer + lane * kPer + i % kPer;
-  }
-  // The low 16 bits of key i's order key: from shared memory (f32), or what the top half implies
-  // (bf16: a widened bf16 has zero low bits, so its order key's low half is 0xffff for negative
-  // values, whose top halves are 1..0x7fff, and 0 for the rest; NaN's key is 0).
-  __device__ __forceinline__ uint32_t low(int i, const uint16_t* lo, int wid, int lane) const {
-    if (kF32) {
-      // One shared load where it is needed (a volatile asm: the compiler would otherwise batch
-      // the 64 predicated loads of a pass ahead of their uses, a register each).
-      uint16_t v;
-      asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(hopper::smem_addr(lo + local(wid, lane, i))));
-      return v;
-    }
-    const uint32_t h = high(i);
-    return h != 0u && h < 0x8000u ? 0xffffu : 0u;
-  }
-  // Keys at or past L get order key 0 (NaN's): they rank below every key of the row, and at
-  // key 0 below every position of the row, so with L > k none of them is ever selected and no
-  // count needs a validity test (a bin may count them; the choice is the same).
-  __device__ __forceinline__ void load(const T* x, int base, int L, uint16_t* lo, int wid, int lane) {
-    const bool aligned = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+// Counts the keys k of the CTA's chunk with k - lo <= span (unsigned: keys below lo wrap past
+// it) into bin (k - lo) >> s. Reads shared memory in slot order: counts only. A warp skips the
+// increments of a quad none of its lanes has in range (every later pass, whose range is one
+// bin of the one before, and a floor pass's keys below the floor: the branches around the
+// predicated increments cost as much as the increments).
+__device__ __forceinline__ void count_range(const uint4* keys, int quads, uint32_t lo, uint32_t span, uint32_t s,
+                                            uint32_t* hist) {
+  constexpr int kAhead = 4;  // quads read before their increments
+  // quads is a multiple of kThreads: whether quad b + j * kThreads + tid exists is the same for
+  // every thread, so the warp stays converged for the vote.
+  for (int b = 0; b < quads; b += kAhead * kThreads) {
+    uint4 v[kAhead];
 #pragma unroll
-    for (int q = 0; q < kCols; ++q) {
-      const int p = base + q * kWarp * kPer + lane * kPer;
-      uint32_t key[kPer];
-      if (aligned && p + kPer <= L) {
-        const uint4 v = *reinterpret_cast<const uint4*>(x + p);
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    for (int j = 0; j < kAhead; ++j)
+      if (b + j * kThreads < quads) v[j] = keys[b + j * kThreads + threadIdx.x];
 #pragma unroll
-        for (int e = 0; e < kPer; ++e)
-          key[e] = radix::order_key(kF32 ? w[e] : ((e & 1) ? (w[e / 2] & 0xffff0000u) : (w[e / 2] << 16)));
-      } else {
+    for (int j = 0; j < kAhead; ++j) {
+      if (b + j * kThreads >= quads) break;
+      const uint32_t d[4] = {v[j].x - lo, v[j].y - lo, v[j].z - lo, v[j].w - lo};
+      const bool any = d[0] <= span || d[1] <= span || d[2] <= span || d[3] <= span;
+      if (__any_sync(0xffffffffu, any)) {
 #pragma unroll
-        for (int e = 0; e < kPer; ++e) key[e] = p + e < L ? radix::order_key(radix::f32_bits(x[p + e])) : 0u;
-      }
-      if (kF32) {
-        hi[q * 2] = (key[0] >> 16) | (key[1] & 0xffff0000u);
-        hi[q * 2 + 1] = (key[2] >> 16) | (key[3] & 0xffff0000u);
-        *reinterpret_cast<uint2*>(lo + local(wid, lane, q * kPer)) =
-            make_uint2((key[0] & 0xffffu) | (key[1] << 16), (key[2] & 0xffffu) | (key[3] << 16));
-      } else {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) hi[q * 4 + r] = (key[2 * r] >> 16) | (key[2 * r + 1] & 0xffff0000u);
+        for (int e = 0; e < 4; ++e)
+          if (d[e] <= span) atomicAdd(&hist[d[e] >> s], 1u);
       }
     }
   }
-};
+}
 
-// Dynamic shared memory of the kernel: the f32 keys' low halves.
-template <class T>
-__host__ __device__ constexpr int lo_bytes() { return sizeof(T) == 4 ? static_cast<int>(kChunk) * 2 : 0; }
-
-// Launch: grid M * C blocks of kThreads in clusters of C (a.segs = C); row r is cluster r.
-// Rows of L <= k get the identity from the cluster's first CTA.
-template <class T>
-__global__ void __launch_bounds__(kThreads, 2) topk_cluster_kernel(radix::Args a) {
+// Launch: grid M * C blocks of kThreads in clusters of C (a.segs = C, a.seg = 512 * m, the
+// chunk, m a power of two in [8, kMaxKeys], kWide iff m == kMaxKeys); dynamic shared memory
+// keys_bytes(m). Row r is
+// cluster r. Rows of L <= k get the identity from the cluster's first CTA.
+// kWide: m = 64 (one CTA an SM by shared memory), 128 registers and every 16-byte load of the
+// chunk in flight at once; else m <= 32, two CTAs an SM, 64 registers and 8 loads at a time.
+template <class T, bool kWide>
+__global__ void __launch_bounds__(kThreads, kWide ? 1 : 2) topk_cluster_kernel(radix::Args a) {
 #if __CUDA_ARCH__ >= 900
   __shared__ __align__(16) Shared sh;
-  extern __shared__ uint4 lo_smem[];  // f32: the low halves, kChunk u16 (lo_bytes<T>())
-  uint16_t* lo = reinterpret_cast<uint16_t*>(lo_smem);
-  constexpr int kPer = Keys<T>::kPer, kCols = Keys<T>::kCols;
+  extern __shared__ uint4 key_quads[];  // the chunk's keys, 4 a quad, quad Q at quad_slot(Q)
+  constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // keys per 16-byte load
+  constexpr bool kF32 = sizeof(T) == 4;
   const uint32_t C = static_cast<uint32_t>(a.segs), c = hopper::cluster_rank();
-  const int tid = threadIdx.x, lane = tid % kWarp, wid = tid / kWarp;
+  const int chunk = static_cast<int>(a.seg), m = chunk / kThreads, quads = chunk / 4;
+  const int tq = m / 4, lt = __ffs(tq) - 1;
+  const int tid = threadIdx.x, lane = tid % kWarp;
   const int64_t row = blockIdx.x / C;
   const int L = static_cast<int>(radix::row_length(a, row));  // <= kMaxWidth
   const T* x = static_cast<const T*>(a.logits) + row * a.l0;
@@ -203,135 +182,175 @@ __global__ void __launch_bounds__(kThreads, 2) topk_cluster_kernel(radix::Args a
     if (c == 0) radix::identity_row<T>(a, row, L);
     return;
   }
-  for (int i = tid; i < kTopBins; i += kThreads) sh.hist_top[i / (kTopBins / 2)][i % (kTopBins / 2)] = 0u;
-  for (int i = tid; i < kLowBins; i += kThreads) sh.hist_low[i / (kLowBins / 2)][i % (kLowBins / 2)] = 0u;
-  const int base = static_cast<int>(c) * static_cast<int>(kChunk) + wid * kWarpKeys;
-  Keys<T> keys;
-  keys.load(x, base, L, lo, wid, lane);
-  __syncthreads();  // histograms cleared, low halves stored
   const uint32_t k = static_cast<uint32_t>(a.k);
-  uint32_t digit, above, total;
+  const int first = static_cast<int>(c) * chunk;  // the chunk's first row position
 
-  // Sample: keys 0 and 24 of every thread (1 in 24 of the row). The sample bin above which
-  // about 2k + 512 of the row's keys would lie gives the floor of the first digit.
-  uint32_t floor_rank = 0;
-  if (a.sample_floor) {  // the same in every CTA of the launch
+  // 1. Load. Keys at or past L get key 0 (NaN's): with L > k they are never selected (a key 0
+  // ranks below every key of the row and past every position of it), so no count needs a
+  // validity test. The histograms are cleared before the first sample is counted.
+  {
+    uint4* h = reinterpret_cast<uint4*>(&sh.hist[0][0]);  // 2 x 4096 words: 2048 uint4
 #pragma unroll
-    for (int i = 0; i < kKeys; i += kSampleStride)
-      bin_inc(sh.hist_top[0], keys.high(i) >> (16 - kTopBits));
-    hopper::cluster_sync();
-    cluster_choose<kTopBins>(sh.hist_top[0], C, [&](uint32_t samples) {
-      // 1 in 24 positions was sampled: rank (2k + 512) / 24 of the sample (0: no floor). The
-      // margin keeps the sample's error (about sqrt(rank)) from missing k, for small k too.
-      const uint32_t r = (2u * k + 512u + kSampleStride - 1u) / kSampleStride;
-      floor_rank = r >= samples ? 0u : r;
-      return floor_rank;
-    }, sh, &digit, &above, &total);
+    for (int i = 0; i < 4; ++i) h[tid + i * kThreads] = make_uint4(0u, 0u, 0u, 0u);
   }
-  const uint32_t floor_digit = floor_rank ? digit : 0u;
-
-  // Digit 1: the top 12 bits of the keys at or above the floor.
+  if (tid == 0) sh.cta_max = 0u;
+  __syncthreads();
+  const bool aligned = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+  const bool whole = aligned && first + chunk <= L;  // the same for every thread of the CTA
+  uint32_t mx = 0;
+  // Stores the keys of load v (positions first + kPer v ...): the maximum, the sample, the quads.
+  const auto put = [&](int v, const uint32_t (&key)[kPer]) {
 #pragma unroll
-  for (int i = 0; i < kKeys; ++i) {
-    const uint32_t d = keys.high(i) >> (16 - kTopBits);
-    if (d >= floor_digit) bin_inc(sh.hist_top[1], d);
-  }
-  hopper::cluster_sync();
-  cluster_choose<kTopBins>(sh.hist_top[1], C, [&](uint32_t) { return k; }, sh, &digit, &above, &total);
-  if (total < k) {
-    // Fewer than k keys reached the floor (a sample unlike its row): every key, in the
-    // sample's histogram (no CTA reads it after the last barrier). Every CTA sees the same
-    // sums, so all of them come here.
-    if (c == 0 && tid == 0) atomicAdd(&radix::g_topk_fallbacks, 1ull);
-    for (int i = tid; i < kTopBins / 2; i += kThreads) sh.hist_top[0][i] = 0u;
-    __syncthreads();
+    for (int e = 0; e < kPer; ++e) mx = key[e] > mx ? key[e] : mx;
+    if (a.sample_floor && (v * kPer) % kSampleEvery == 0) atomicAdd(&sh.hist[0][key[0] >> (32 - kBits)], 1u);
 #pragma unroll
-    for (int i = 0; i < kKeys; ++i)
-      bin_inc(sh.hist_top[0], keys.high(i) >> (16 - kTopBits));
-    hopper::cluster_sync();
-    cluster_choose<kTopBins>(sh.hist_top[0], C, [&](uint32_t) { return k; }, sh, &digit, &above, &total);
-  }
-  const uint32_t top12 = digit;
-  uint32_t remaining = k - above;
-
-  // Digits 2 and 3 (10 bits each) over the keys whose top 12 bits are top12: the prefix so far
-  // is (top12 << 20) | low_prefix, low_mask the bits of the 20 below it already fixed.
-  uint32_t low_prefix = 0, low_mask = 0;
-#pragma unroll 1  // unrolled, the two passes' 48-key bodies spill (ptxas)
-  for (int d = 0; d < 2; ++d) {
-    const int shift = 20 - kLowBits * (d + 1);
+    for (int h = 0; h < kPer / 4; ++h)
+      key_quads[quad_slot(v * (kPer / 4) + h, lt)] = make_uint4(key[4 * h], key[4 * h + 1], key[4 * h + 2], key[4 * h + 3]);
+  };
+  constexpr int kBatch = kWide ? 16 : 8;  // 16-byte loads in flight a thread
+  const int loads = chunk / kPer;
+  if (whole) {
+    // What the first batch does not cover (never, as launched) is asked of the copy engine
+    // into L2 now, so the later batches find it there.
+    const int batch_keys = kBatch * kThreads * kPer;
+    if (tid == 0 && chunk > batch_keys) hopper::prefetch_l2_bulk(x + first + batch_keys, (chunk - batch_keys) * sizeof(T));
+    for (int v0 = 0; v0 < loads; v0 += kBatch * kThreads) {
+      uint4 raw[kBatch];
 #pragma unroll
-    for (int i = 0; i < kKeys; ++i) {
-      const uint32_t h = keys.high(i);
-      if ((h >> (16 - kTopBits)) == top12) {
-        const uint32_t low20 = ((h & 0xfu) << 16) | keys.low(i, lo, wid, lane);
-        if ((low20 & low_mask) == low_prefix) bin_inc(sh.hist_low[d], (low20 >> shift) & (kLowBins - 1u));
+      for (int u = 0; u < kBatch; ++u) {
+        const int v = v0 + u * kThreads + tid;
+        if (v < loads) raw[u] = *reinterpret_cast<const uint4*>(x + first + v * kPer);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int v = v0 + u * kThreads + tid;
+        if (v >= loads) break;
+        const uint32_t w[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+        uint32_t key[kPer];
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) key[e] = key_of(kF32 ? w[e] : ((e & 1) ? (w[e / 2] & 0xffff0000u) : (w[e / 2] << 16)));
+        put(v, key);
       }
     }
-    hopper::cluster_sync();
-    cluster_choose<kLowBins>(sh.hist_low[d], C, [&](uint32_t) { return remaining; }, sh, &digit, &above, &total);
-    low_prefix |= digit << shift;
-    low_mask |= (kLowBins - 1u) << shift;
-    remaining -= above;
-  }
-  const uint32_t T_key = (top12 << 20) | low_prefix;
-  const uint32_t need_eq = remaining;
-
-  // Ranks in position order. Per column q the warp's keys run lane by lane, so a warp scan of
-  // the lanes' (gt << 16 | eq) counts gives each lane's offset inside the column; columns
-  // follow one another, warps follow one another (a block scan of the warp totals), CTAs too.
-  // The counts are taken twice (the totals first, then column by column while writing) rather
-  // than kept in registers.
-  const auto packed = [&](int i) -> uint32_t {
-    const uint32_t key = (keys.high(i) << 16) | keys.low(i, lo, wid, lane);
-    return key > T_key ? (1u << 16) : (key == T_key ? 1u : 0u);
-  };
-  uint32_t mine = 0;
+  } else {  // the row's last chunk, chunks past it, unaligned rows: one key at a time
+    for (int v = tid; v < loads; v += kThreads) {
+      const int p = first + v * kPer;
+      uint32_t key[kPer];
 #pragma unroll
-  for (int i = 0; i < kKeys; ++i) mine += packed(i);
+      for (int e = 0; e < kPer; ++e) key[e] = p + e < L ? key_of(radix::f32_bits(x[p + e])) : 0u;
+      put(v, key);
+    }
+  }
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  if (lane == 0) atomicMax(&sh.cta_max, mx);
+
+  // 2. The floor and the first range: [floor, the row's largest key], or every key.
+  uint32_t lo = 0, span = 0xffffffffu, s = 32 - kBits;
+  uint32_t digit, above, count, total;
+  int buf = 1;
+  if (a.sample_floor) {  // the same in every CTA of the launch
+    hopper::cluster_sync();
+    uint32_t row_max = 0;
+    for (uint32_t r = 0; r < C; ++r) {
+      const uint32_t v = *hopper::cluster_peer(&sh.cta_max, r);
+      row_max = v > row_max ? v : row_max;
+    }
+    // 1 in 16 positions was sampled: rank (2k + 512) / 16 of the sample (the margin keeps the
+    // sample's error, about sqrt(rank), from missing k, for small k too).
+    const uint32_t rank = (2u * k + 512u + kSampleEvery - 1u) / kSampleEvery;
+    cluster_choose(sh.hist[0], C, rank, sh, &digit, &above, &count, &total);
+    if (rank <= total) lo = digit << (32 - kBits);
+    span = row_max - lo;  // row_max >= lo: the floor's bin holds sampled keys
+    s = shift_for(span);
+  } else {
+    __syncthreads();  // the keys are stored
+  }
+
+  // 3. Passes: count the range, choose a bin, narrow the range to it.
+  uint32_t need = k, T_lo = 0, T_hi = 0;
+  for (;;) {
+    count_range(key_quads, quads, lo, span, s, sh.hist[buf]);
+    hopper::cluster_sync();
+    // The other buffer was last read before this barrier: clear it for the next pass (the
+    // choice's block barriers order the clear before any count).
+    reinterpret_cast<uint4*>(sh.hist[buf ^ 1])[tid] = make_uint4(0u, 0u, 0u, 0u);
+    reinterpret_cast<uint4*>(sh.hist[buf ^ 1])[tid + kThreads] = make_uint4(0u, 0u, 0u, 0u);
+    cluster_choose(sh.hist[buf], C, need, sh, &digit, &above, &count, &total);
+    buf ^= 1;
+    if (total < need) {
+      // Fewer than k keys reached the floor (only the first pass can miss; every CTA sees the
+      // same sums, so all of them come here): count again from key 0.
+      if (c == 0 && tid == 0) atomicAdd(&radix::g_topk_fallbacks, 1ull);
+      span += lo;
+      lo = 0;
+      s = shift_for(span);
+      continue;
+    }
+    need -= above;
+    const uint32_t bin_lo = lo + (digit << s);
+    const uint32_t rest = lo + span - bin_lo, width = (1u << s) - 1u;  // no u32 overflow
+    const uint32_t bin_span = rest < width ? rest : width;
+    if (s == 0 || count == need) {  // one key value, or every key of the bin is taken
+      T_lo = bin_lo;
+      T_hi = bin_lo + bin_span;
+      break;
+    }
+    lo = bin_lo;
+    span = bin_span;
+    s = s > static_cast<uint32_t>(kBits) ? s - kBits : 0u;
+  }
+  const uint32_t need_eq = need, t_span = T_hi - T_lo;
+
+  // 4. Ranks in position order: thread t owns chunk positions [t * m, t * m + m). Bit i of
+  // in (keys above T_hi) and tie (keys in [T_lo, T_hi]) is the thread's i-th position.
+  uint32_t in_w[kMaxKeys / 32] = {}, tie_w[kMaxKeys / 32] = {};
+#pragma unroll
+  for (int q = 0; q < kMaxKeys / 4; ++q) {
+    if (q < tq) {
+      const uint4 v = key_quads[tid * tq + ((q + tid) & (tq - 1))];
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        in_w[q / 8] |= static_cast<uint32_t>(w[e] > T_hi) << ((q % 8) * 4 + e);
+        tie_w[q / 8] |= static_cast<uint32_t>(w[e] - T_lo <= t_span) << ((q % 8) * 4 + e);
+      }
+    }
+  }
+  const uint32_t n_in = __popc(in_w[0]) + __popc(in_w[1]), n_tie = __popc(tie_w[0]) + __popc(tie_w[1]);
   uint32_t cta_total;
-  const uint32_t thread_before = radix::block_exclusive_scan(__reduce_add_sync(0xffffffffu, mine) * (lane == 0), sh.scan, &cta_total);
-  const uint32_t warp_before = __shfl_sync(0xffffffffu, thread_before, 0);
+  const uint32_t before = radix::block_exclusive_scan((n_in << 16) | n_tie, sh.scan, &cta_total);
   if (tid < static_cast<int>(C)) {
     uint32_t* slot = hopper::cluster_peer(&sh.totals[c][0], static_cast<uint32_t>(tid));
     slot[0] = cta_total >> 16;
     slot[1] = cta_total & 0xffffu;
   }
   hopper::cluster_sync();  // the last remote access: after it every CTA may exit
-  uint32_t gt_base = 0, eq_base = 0;
+  uint32_t in_before = before >> 16, tie_before = before & 0xffffu;
   for (uint32_t r = 0; r < c; ++r) {
-    gt_base += sh.totals[r][0];
-    eq_base += sh.totals[r][1];
+    in_before += sh.totals[r][0];
+    tie_before += sh.totals[r][1];
   }
-  uint32_t run = warp_before;  // packed counts of the CTA's positions before this column
-#pragma unroll
-  for (int q = 0; q < kCols; ++q) {
-    uint32_t col = 0;
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) col += packed(q * kPer + e);
-    uint32_t s = col;
-#pragma unroll
-    for (int o = 1; o < kWarp; o <<= 1) {
-      const uint32_t y = __shfl_up_sync(0xffffffffu, s, o);
-      if (lane >= o) s += y;
+  // Ties past the row's first need_eq are dropped; the rest keep position order.
+  uint32_t slot = in_before + (tie_before < need_eq ? tie_before : need_eq);
+  uint64_t tie = (static_cast<uint64_t>(tie_w[1]) << 32) | tie_w[0];
+  const uint32_t ties_left = tie_before < need_eq ? need_eq - tie_before : 0u;
+  if (ties_left < n_tie) {  // keep the lowest ties_left tie bits
+    uint64_t keep = 0, t = tie;
+    for (uint32_t i = 0; i < ties_left; ++i) {
+      keep |= t & (~t + 1);  // lowest set bit
+      t &= t - 1;
     }
-    const uint32_t before = run + s - col;
-    run += __shfl_sync(0xffffffffu, s, kWarp - 1);
-    if (col == 0u) continue;
-    uint32_t gt_before = gt_base + (before >> 16), eq_before = eq_base + (before & 0xffffu);
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-      const uint32_t t = packed(q * kPer + e);
-      const bool is_gt = t > 1u, is_eq = t == 1u;
-      if (is_gt || (is_eq && eq_before < need_eq)) {
-        const uint32_t slot = gt_before + (eq_before < need_eq ? eq_before : need_eq);
-        const int p = base + q * kWarp * kPer + lane * kPer + e;
-        idx[slot] = p;
-        if (val) val[slot] = __uint_as_float(radix::f32_bits(x[p]));
-      }
-      gt_before += is_gt;
-      eq_before += is_eq;
-    }
+    tie = keep;
+  }
+  uint64_t take = ((static_cast<uint64_t>(in_w[1]) << 32) | in_w[0]) | tie;
+  const int p0 = first + tid * m;
+  while (take != 0) {
+    const int i = __ffsll(static_cast<long long>(take)) - 1;
+    take &= take - 1;
+    const int p = p0 + i;
+    idx[slot] = p;
+    if (val) val[slot] = radix::load_f32(x, p);
+    ++slot;
   }
 #else
   (void)a;

@@ -128,7 +128,7 @@ struct ScopedTopkKernel {
   ~ScopedTopkKernel() { unsetenv("DSA_CUDA_TOPK"); }
 };
 
-// Few rows of at most 196608 keys take the cluster kernel on sm_90, the split elsewhere.
+// Few rows of at most 262144 keys take the cluster kernel on sm_90, the split elsewhere.
 std::string few_rows_kernel() { return device_is_sm90() ? "topk.cluster" : "topk.stream_split"; }
 
 unsigned long long fallbacks() {
@@ -441,9 +441,10 @@ TEST(GpuTopk, FusedSplitMatchesAtEdgeShapes) {
   EXPECT_EQ(run_topk_same(rng, 3, 5000, 2048, {5000, 4097, 2049}, Fill::kNormal), "topk.stream_rows");
 }
 
-// The cluster kernel (sm_90; chosen for few rows of <= 196608 keys, forced here for any row
-// count): chunk edges (widths 24576 +- 1, 30000, 131071, 196608: clusters of 1-8 CTAs, CTAs
-// past the row's length), lengths around k, empty and one-key rows, odd widths (unaligned rows), ties,
+// The cluster kernel (sm_90; chosen for few rows of <= 262144 keys, forced here for any row
+// count): chunk shapes (widths 1000 to 262144: clusters of 1-8 CTAs of 4-64 keys a thread,
+// chunks that are not whole 16-byte loads of bf16, CTAs past the row's length), lengths
+// around k, empty and one-key rows, odd widths (unaligned rows), ties,
 // specials, one-bucket floods, last-bit differences, signed zeros, -inf runs, NaN, bf16, k up
 // to 16384; reruns bit-identical; many rows (several waves of clusters).
 TEST(GpuTopk, ClusterMatchesAtEdgeShapes) {
@@ -452,11 +453,11 @@ TEST(GpuTopk, ClusterMatchesAtEdgeShapes) {
   ScopedTopkKernel force("cluster");
   Rng rng(41);
   for (int64_t k : {64, 2048, 16384}) {
-    for (int64_t W : {int64_t{24575}, int64_t{24576}, int64_t{24577}, int64_t{30000}, int64_t{65536}, int64_t{131071},
-                      int64_t{196608}}) {
+    for (int64_t W : {int64_t{1000}, int64_t{5000}, int64_t{16383}, int64_t{16385}, int64_t{30000}, int64_t{65536},
+                      int64_t{131071}, int64_t{196608}, int64_t{262144}}) {
       if (W <= k) continue;
       const int32_t w = static_cast<int32_t>(W), kk = static_cast<int32_t>(k);
-      const std::vector<int32_t> len = {w, 0, 1, kk - 1, kk, kk + 1, w - 1, w / 2 + 3, std::min(w, 24577), std::min(w, 24575)};
+      const std::vector<int32_t> len = {w, 0, 1, kk - 1, kk, kk + 1, w - 1, w / 2 + 3, std::min(w, 16385), std::min(w, 8191)};
       const int64_t M = static_cast<int64_t>(len.size());
       EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kNormal), "topk.cluster") << k << " " << W;
       EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kFewLevels, false), "topk.cluster") << k << " " << W;
@@ -477,25 +478,23 @@ TEST(GpuTopk, ClusterMatchesAtEdgeShapes) {
   for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>(i % 7 == 0 ? 2047 : 65536 - (i * 37) % 4000);
   EXPECT_EQ(run_topk_same(rng, 600, 65536, 2048, many, Fill::kNormal, false), "topk.cluster");
   // Wider rows keep the other kernels under the switch.
-  EXPECT_EQ(run_topk_same(rng, 2, 196609, 2048, {196609, 196000}, Fill::kNormal), "topk.stream_split");
+  EXPECT_EQ(run_topk_same(rng, 2, 262145, 2048, {262145, 262000}, Fill::kNormal), "topk.stream_split");
 }
 
-// The cluster kernel's first digit counts only keys above a floor taken from a 1-in-24 sample
-// (keys 0 and 24 of each thread: positions p with p % 768 < 32 * e and p % e == 0, e the keys
-// per 16 bytes). Rows whose sampled positions hold their largest values put fewer than k keys
-// above the floor: the kernel must count the first digit again over every key (the fallback
-// counter shows it ran) and still give the exact answer.
+// The cluster kernel's first pass counts only keys above a floor taken from a 1-in-16 sample
+// (positions p with p % 16 == 0: every chunk starts at a multiple of 16). Rows whose sampled
+// positions hold their largest values put fewer than k keys above the floor: the kernel must
+// count the first pass again from key 0 (the fallback counter shows it ran) and still give the
+// exact answer.
 TEST(GpuTopk, ClusterSampleMissTakesTheFullHistogram) {
   DSA_REQUIRE_GPU();
   if (!device_is_sm90()) GTEST_SKIP() << "the cluster kernel runs on sm_90 only";
   Rng rng(43);
   const int64_t M = 4, W = 65536;
   for (const bool bf16 : {false, true}) {
-    const int64_t e = bf16 ? 8 : 4;
     std::vector<float> x(static_cast<size_t>(M * W));
     for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < W; ++j)
-        x[i * W + j] = (j % 768 < 32 * e && j % e == 0) ? 1000.f + static_cast<float>(j % 4096) : rng.normal();
+      for (int64_t j = 0; j < W; ++j) x[i * W + j] = j % 16 == 0 ? 1000.f + static_cast<float>(j % 4096) : rng.normal();
     const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W - 5), 40000, 20000};
     const unsigned long long before = fallbacks();
     EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true, bf16), "topk.cluster") << bf16;
@@ -507,8 +506,8 @@ TEST(GpuTopk, ClusterSampleMissTakesTheFullHistogram) {
   EXPECT_EQ(fallbacks(), before);
 }
 
-// DSA_CUDA_TOPK=no_floor: the cluster kernel without its sample round (the first digit over
-// every key) gives the same answers, ties, specials and one-bucket floods included.
+// DSA_CUDA_TOPK=no_floor: the cluster kernel without its sample round (the first pass over
+// every key, in bins of their top 12 bits) gives the same answers, ties, specials and one-bucket floods included.
 TEST(GpuTopk, ClusterWithoutTheFloorMatches) {
   DSA_REQUIRE_GPU();
   if (!device_is_sm90()) GTEST_SKIP() << "the cluster kernel runs on sm_90 only";
