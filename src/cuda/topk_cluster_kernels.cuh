@@ -19,7 +19,7 @@
 //      0 (counted in g_topk_fallbacks). The result is a key range [T_lo, T_hi] holding the
 //      k-th key and the number of its keys to take, the lowest positions first: T_lo == T_hi,
 //      or every key of the range is taken;
-//   3. every thread ranks the 4m consecutive positions it owns (bit masks of the keys above
+//   3. every thread ranks the m consecutive positions it owns (bit masks of the keys above
 //      and inside the range), a block scan and the totals of the cluster's lower CTAs
 //      (exchanged in shared memory with a last barrier) give each thread its first output
 //      slot, and it writes its selected positions in order (values re-read from the row: the
