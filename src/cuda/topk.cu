@@ -98,6 +98,27 @@ bool cluster_opt_in() {
          smem_opt_in<kId + 10>(cluster_kernel<T>(topk_cluster::kMaxKeys / 2), bytes);
 }
 
+// The launch configuration of M rows in clusters of C CTAs with m keys a thread (the attribute
+// lives with the configuration that points at it).
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  ClusterLaunch(int64_t M, int64_t C, int64_t m, cudaStream_t s) {
+    cfg.gridDim = dim3(static_cast<unsigned>(M * C));
+    cfg.blockDim = dim3(topk_cluster::kThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(topk_cluster::keys_bytes(static_cast<int>(m)));
+    cfg.stream = s;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(C);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // cfg.attrs points into this object
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // Clusters of C CTAs with m keys a thread that fit on the current device at once; 0 when the
 // runtime refuses the configuration. Cached per (device, dtype, C, m): a host query per shape.
 template <class T, int kId>
@@ -113,19 +134,9 @@ int64_t clusters_at_once(int64_t C, int64_t m) {
     if (it != cache.end()) return it->second;
   }
   if (!cluster_opt_in<T, kId>()) return 0;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(C * 64));
-  cfg.blockDim = dim3(topk_cluster::kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(topk_cluster::keys_bytes(static_cast<int>(m)));
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(C);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const ClusterLaunch launch(64, C, m, nullptr);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, cluster_kernel<T>(m), &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, cluster_kernel<T>(m), &launch.cfg) != cudaSuccess) {
     (void)cudaGetLastError();
     n = 0;
   }
@@ -135,8 +146,7 @@ int64_t clusters_at_once(int64_t C, int64_t m) {
 }
 
 template <class T, int kId>
-ClusterShape cluster_shape_for(int64_t M, int64_t W, bool forced) {
-  const int64_t c_min = ceil_div(W, topk_cluster::kThreads * topk_cluster::kMaxKeys);
+ClusterShape cluster_shape_for(int64_t M, int64_t W, int64_t c_min, bool forced) {
   if (const char* v = std::getenv("DSA_CUDA_TOPK_CTAS")) {
     const int64_t C = std::atoll(v);
     if (C >= c_min && C <= topk_cluster::kMaxCtas) return {C, cluster_keys(W, C)};
@@ -166,7 +176,8 @@ ClusterShape cluster_shape(int64_t M, int64_t W, int64_t k, DType dtype) {
   const int64_t c_min = ceil_div(W, topk_cluster::kThreads * topk_cluster::kMaxKeys);
   if (!forced && M * c_min > 2 * block_slots()) return {};  // spares the occupancy queries for many rows
   // smem_opt_in ids: kId + 4 of radix_topk's dtype ranges (f32 0-4, bf16 5-9), and + 10 of it.
-  return dtype == DType::kBF16 ? cluster_shape_for<uint16_t, 9>(M, W, forced) : cluster_shape_for<float, 4>(M, W, forced);
+  return dtype == DType::kBF16 ? cluster_shape_for<uint16_t, 9>(M, W, c_min, forced)
+                               : cluster_shape_for<float, 4>(M, W, c_min, forced);
 }
 
 Split choose(const TopkParams& p) {
@@ -211,7 +222,7 @@ StatusCode legacy_topk(const TopkParams& p) {
   return last_launch_status();
 }
 
-// kId..kId + 4: the smem_opt_in ids of this dtype's rows, segments, merge, fused and cluster
+// kId..kId + 4 and kId + 14: the smem_opt_in ids of this dtype's rows, segments, merge, fused and cluster
 // kernels.
 template <class T, int kId>
 StatusCode radix_topk(const TopkParams& p, const Split& sp) {
@@ -237,24 +248,12 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   const cudaStream_t s = as_stream(p.stream);
   if (sp.path == Path::kCluster) {
     if (M * sp.segs > 0x7fffffffLL) return StatusCode::kUnsupported;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(M * sp.segs));
-    cfg.blockDim = dim3(topk_cluster::kThreads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(topk_cluster::keys_bytes(static_cast<int>(sp.seg / topk_cluster::kThreads)));
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(sp.segs);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const int64_t m = sp.seg / topk_cluster::kThreads;
+    const ClusterLaunch launch(M, sp.segs, m, s);
     if (!cluster_opt_in<T, kId + 4>()) return StatusCode::kDeviceError;
     note_kernel("topk.cluster");
-    const cudaError_t e = sp.seg == topk_cluster::kMaxKeys * topk_cluster::kThreads
-                              ? cudaLaunchKernelEx(&cfg, &topk_cluster::topk_cluster_kernel<T, true>, a)
-                              : cudaLaunchKernelEx(&cfg, &topk_cluster::topk_cluster_kernel<T, false>, a);
-    if (e != cudaSuccess) {
+    void* args[] = {&a};
+    if (cudaLaunchKernelExC(&launch.cfg, cluster_kernel<T>(m), args) != cudaSuccess) {
       (void)cudaGetLastError();  // a refused configuration is this call's error, not a sticky one
       return StatusCode::kDeviceError;
     }

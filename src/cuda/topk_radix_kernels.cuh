@@ -591,7 +591,7 @@ struct Args {
   float* values; int64_t v0;  // nullptr when not requested
   int64_t segs, seg;          // split rows: segs blocks of seg keys per row (cluster: CTAs per row)
   bool prefetch;              // stream rows and segments with bulk L2 prefetch (sm_90)
-  bool sample_floor;          // cluster kernel: first digit above a sampled floor
+  bool sample_floor;          // cluster kernel: first pass above a sampled floor
   float* ws_val;              // [M, segs, k] per-segment winners (split rows only)
   int32_t* ws_idx;
 };

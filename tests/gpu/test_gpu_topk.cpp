@@ -442,7 +442,7 @@ TEST(GpuTopk, FusedSplitMatchesAtEdgeShapes) {
 }
 
 // The cluster kernel (sm_90; chosen for few rows of <= 262144 keys, forced here for any row
-// count): chunk shapes (widths 1000 to 262144: clusters of 1-8 CTAs of 4-64 keys a thread,
+// count): chunk shapes (widths 1000 to 262144: clusters of 1-8 CTAs of 8-64 keys a thread,
 // chunks that are not whole 16-byte loads of bf16, CTAs past the row's length), lengths
 // around k, empty and one-key rows, odd widths (unaligned rows), ties,
 // specials, one-bucket floods, last-bit differences, signed zeros, -inf runs, NaN, bf16, k up
@@ -517,11 +517,8 @@ TEST(GpuTopk, ClusterWithoutTheFloorMatches) {
   EXPECT_EQ(run_topk_same(rng, 8, 65536, 2048, len, Fill::kNormal), "topk.cluster");
   EXPECT_EQ(run_topk_same(rng, 8, 65536, 2048, len, Fill::kFewLevels), "topk.cluster");
   EXPECT_EQ(run_topk_same(rng, 8, 65536, 64, len, Fill::kSpecials, true, true), "topk.cluster");
-  std::vector<float> x(static_cast<size_t>(2 * 100000));
-  for (int64_t j = 0; j < 100000; ++j) {
-    x[j] = 0.75f;
-    x[100000 + j] = 1.f + std::ldexp(static_cast<float>(rng.integer(0, (1 << 20) - 1)), -23);
-  }
+  std::vector<float> x = adversarial_rows(rng, 100000);
+  x.resize(2 * 100000);  // all equal; a flood of one 12-bit bucket
   EXPECT_EQ(run_topk(x, 2, 100000, 16384, {100000, 99999}, {100000, 99999}, true), "topk.cluster");
 }
 
