@@ -105,4 +105,38 @@ struct IndexerLogitsPagedParams {
 };
 Status indexer_logits_paged(const IndexerLogitsPagedParams& p);
 
+// Score and select in one pass (docs/fused_select.md): the paged logits of
+// IndexerLogitsPagedParams (decode or general form, col_offset 0) and, per row, the top-k of
+// SPEC §3.5 over them, without writing the [R, width] scores: each row keeps a bounded set of
+// candidates (the best k so far and those above their threshold). The selection is the set the
+// unfused path (indexer_logits_paged, then topk) gives on the same inputs, ties to the lower
+// index; indices come in ascending order, then -1. Rows with L <= k get 0 .. L-1 and read no
+// key. No values are returned (the step maps indices only).
+// Backends: the CPU. On CUDA the call is kUnsupported (no fused kernel yet): use
+// indexer_logits_paged + topk, which indexer_topk_available() lets a caller decide up front.
+struct IndexerTopkParams {
+  TensorDesc q;            // [R, H_idx, 128] e4m3
+  TensorDesc weights;      // [R, H_idx] f32 (folded gates w')
+  IndexerCacheDesc cache;
+  TensorDesc block_table;  // [B, max_blocks] i32
+  TensorDesc kv_lens;      // [B] i32 (decode form)
+  int64_t next_n = 1;      // decode form: R == B * next_n
+  TensorDesc row_seq;      // optional [R] i32 (general form)
+  TensorDesc row_len;      // optional [R] i32 (general form)
+  int64_t width = 0;       // a bound on every row's key count L (sizes the workspace)
+  int64_t k = 2048;        // a positive multiple of 64 up to 16384
+  TensorDesc indices;      // [R, k] i32
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  void* stream = nullptr;
+};
+// Scratch for these params (exact; the op needs all of it): on the CPU, per worker slot
+// (min(work items, hardware threads)) 16 rows of 2k + 64 eight-byte candidates, and, when few
+// rows leave threads idle and rows are split into S key segments, k candidates per
+// (row, segment). Non-decreasing in R and width. 0 for malformed params.
+size_t indexer_topk_workspace_size(const IndexerTopkParams& p);
+Status indexer_topk(const IndexerTopkParams& p);
+// Whether a device type has the fused kernel (the planner's and the step's choice).
+bool indexer_topk_available(DeviceType device);
+
 }  // namespace dsa

@@ -28,6 +28,11 @@ size_t topk_workspace_size(const TopkParams& p);      // all slots
 size_t topk_min_workspace_size(const TopkParams& p);  // one slot: the least that works
 StatusCode topk(const TopkParams& p);
 StatusCode map_indices(const MapIndicesParams& p);
+int64_t max_slots();  // worker slots of the scratch-carving ops: the hardware threads
+// indexer_topk.cpp: fused score-and-select (scratch: indexer_topk_workspace_size, exact)
+size_t indexer_topk_workspace_size(const IndexerTopkParams& p);
+StatusCode indexer_topk(const IndexerTopkParams& p);
+uint64_t indexer_topk_compactions();  // buffers compacted so far (tests: the overflow path ran)
 // mla_attention.cpp
 StatusCode sparse_mla(const SparseMlaParams& p);
 StatusCode dense_mla(const DenseMlaParams& p);

@@ -13,21 +13,12 @@
 
 #include "cpu/cpu_ops.h"
 #include "cpu/parallel.h"
+#include "cpu/select_key.h"
 #include "dsa/numerics.h"
 
 namespace dsa {
 namespace cpu {
 namespace {
-
-// Monotone in value: larger float -> larger key. Every NaN -> 0 (below -inf's key); -0 -> +0.
-// Branch-free so the key loop vectorises.
-inline uint32_t order_key(float f) {
-  uint32_t u = float_bits(f);
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  u = u == 0x80000000u ? 0u : u;
-  const uint32_t flip = static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u;
-  return nan ? 0u : (u ^ flip);
-}
 
 // Per-slot scratch: the keys of one row and the survivors of each pass (8 bytes per column),
 // carved from the caller's workspace so selection allocates nothing and its memory is counted.
