@@ -7,7 +7,9 @@
 // higher, and equal scores rank the lower key index j higher, which is SPEC §3.5's order
 // exactly. Each row's buffer holds 2k + 64 words. A row admits every word above its threshold
 // (0 at first: every real word is > 0); when a block could overflow the buffer, the buffer is
-// compacted to its k best (nth_element) and the threshold becomes the k-th best word. Keys are
+// compacted to its k best (the k-th best found by nth_element on a copy, then the buffer
+// filtered in place, so it stays in key order) and the threshold becomes the k-th best word.
+// The row's answer is the same filter at the end: ascending indices with no sort. Keys are
 // visited in ascending j, so a later key that ties the threshold's score has a larger j and
 // ranks below it: dropping it is exact. The overflow is thus handled in place, never by a
 // second scoring pass.
@@ -56,22 +58,69 @@ int64_t segments(int64_t R, int64_t width, int64_t k) {
 int64_t segment_width(int64_t width, int64_t S) { return ceil_div(ceil_div(width, S), kKeyBlock) * kKeyBlock; }
 
 int64_t buffer_words(int64_t k) { return 2 * k + kKeyBlock; }
-int64_t slot_bytes(int64_t k) { return kTileRows * buffer_words(k) * 8; }
+// A slot: 16 row buffers and one copy for finding a k-th best without reordering a buffer.
+int64_t slot_words(int64_t k) { return (kTileRows + 1) * buffer_words(k); }
+int64_t slot_bytes(int64_t k) { return slot_words(k) * 8; }
 
 inline uint64_t pack(uint32_t key, int64_t j) {
   return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(j));
 }
 inline int32_t index_of(uint64_t w) { return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(w)); }
 
-// Keeps the k best of buf[0, n) in buf[0, k) (n > k); returns the k-th best.
-uint64_t keep_best(uint64_t* buf, int64_t n, int64_t k) {
-  std::nth_element(buf, buf + (k - 1), buf + n, [](uint64_t a, uint64_t b) { return a > b; });
-  return buf[k - 1];
+// The k-th best of buf[0, n) (n > k), buf left in its order: a radix select on the words'
+// top two 11-bit digits (a histogram pass over buf, one over the first digit's survivors
+// gathered in tmp), then nth_element over the few words left in the chosen bucket.
+uint64_t kth_best(const uint64_t* buf, int64_t n, int64_t k, uint64_t* tmp) {
+  uint32_t hist[2048];
+  int64_t need = k;  // the need-th best of the words still in play
+  auto pick = [&]() {  // the bucket holding the need-th best; need becomes its rank inside
+    int d = 2047;
+    for (; static_cast<int64_t>(hist[d]) < need; --d) need -= hist[d];
+    return static_cast<uint64_t>(d);
+  };
+  std::fill(hist, hist + 2048, 0u);
+  for (int64_t i = 0; i < n; ++i) ++hist[buf[i] >> 53];
+  const uint64_t d1 = pick();
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    tmp[m] = buf[i];
+    m += (buf[i] >> 53) == d1;
+  }
+  std::fill(hist, hist + 2048, 0u);
+  for (int64_t i = 0; i < m; ++i) ++hist[(tmp[i] >> 42) & 2047];
+  const uint64_t d2 = pick();
+  int64_t c = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    tmp[c] = tmp[i];
+    c += ((tmp[i] >> 42) & 2047) == d2;
+  }
+  std::nth_element(tmp, tmp + (need - 1), tmp + c, [](uint64_t a, uint64_t b) { return a > b; });
+  return tmp[need - 1];
 }
 
-// The k best words of buf[0, n) (n >= k) as ascending key indices, then -1 up to k.
-void emit(uint64_t* buf, int64_t n, int64_t k, int32_t* out) {
-  if (n > k) keep_best(buf, n, k);
+// Keeps the words >= kth (exactly k: words are distinct) in their order; returns k.
+int64_t keep_from(uint64_t* buf, int64_t n, uint64_t kth) {
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    buf[m] = buf[i];
+    m += buf[i] >= kth;
+  }
+  return m;
+}
+
+// The k best words of buf[0, n) (n >= k, in ascending key order) as ascending key indices.
+void emit_ordered(const uint64_t* buf, int64_t n, int64_t k, uint64_t* tmp, int32_t* out) {
+  const uint64_t kth = n > k ? kth_best(buf, n, k, tmp) : 0;
+  int64_t m = 0;
+  for (int64_t i = 0; i < n && m < k; ++i) {  // m < k: the row's last write is out[k - 1]
+    out[m] = index_of(buf[i]);
+    m += buf[i] >= kth;
+  }
+}
+
+// The merge's k best of n words in any order (buf is scratch): sorted key indices.
+void emit_unordered(uint64_t* buf, int64_t n, int64_t k, int32_t* out) {
+  std::nth_element(buf, buf + (k - 1), buf + n, [](uint64_t a, uint64_t b) { return a > b; });
   for (int64_t i = 0; i < k; ++i) out[i] = index_of(buf[i]);
   std::sort(out, out + k);
 }
@@ -147,7 +196,7 @@ StatusCode indexer_topk(const IndexerTopkParams& p) {
   if (p.workspace_bytes < cpu::indexer_topk_workspace_size(p)) return StatusCode::kWorkspaceTooSmall;
   uint64_t* ws = static_cast<uint64_t*>(p.workspace);
   const int64_t cap = buffer_words(k);
-  uint64_t* merge = ws + slots * kTileRows * cap;  // [R][S][k] words when S > 1
+  uint64_t* merge = ws + slots * slot_words(k);  // [R][S][k] words when S > 1
   const PagedKeys keys{static_cast<const uint8_t*>(p.cache.data), p.cache.block_bytes(), p.cache.page_size,
                        p.block_table.ptr<const int32_t>(), p.block_table.stride[0], p.block_table.stride[1]};
 
@@ -155,7 +204,8 @@ StatusCode indexer_topk(const IndexerTopkParams& p) {
     thread_local Scratch sc;
     uint64_t compactions = 0;
     for (int64_t slot = b; slot < e; ++slot) {
-      uint64_t* bufs = ws + slot * kTileRows * cap;
+      uint64_t* bufs = ws + slot * slot_words(k);
+      uint64_t* tmp = bufs + kTileRows * cap;
       for (int64_t i = slot; i < n_items; i += slots) {  // strided: tiles of one sequence spread out
         const Item& it = items[static_cast<size_t>(i)];
         const Tile& t = tiles[static_cast<size_t>(it.tile)];
@@ -169,12 +219,18 @@ StatusCode indexer_topk(const IndexerTopkParams& p) {
             const int64_t valid = std::min(nk, t.nvalid[r] - b0);
             if (valid <= 0) continue;
             uint64_t* buf = bufs + r * cap;
-            if (n[r] + valid > cap) {
-              thr[r] = keep_best(buf, n[r], k);
-              n[r] = k;
+            if (n[r] + valid > cap) {  // compact to the k best, in order
+              thr[r] = kth_best(buf, n[r], k, tmp);
+              n[r] = keep_from(buf, n[r], thr[r]);
               ++compactions;
             }
             const float* srow = sc.s.data() + r * kKeyBlock;
+            // Once the buffer is warm most blocks hold no key above the threshold: test the
+            // block's best key first (vectorised), admit one by one only when it beats it.
+            const uint32_t th_key = static_cast<uint32_t>(thr[r] >> 32);
+            uint32_t best = 0;
+            for (int64_t c = 0; c < valid; ++c) best = std::max(best, order_key(srow[c]));
+            if (thr[r] != 0 && best < th_key) continue;
             int64_t m = n[r];
             const uint64_t th = thr[r];
             for (int64_t c = 0; c < valid; ++c) {  // branch-free: write, advance when admitted
@@ -188,10 +244,10 @@ StatusCode indexer_topk(const IndexerTopkParams& p) {
         for (int r = 0; r < t.rows; ++r) {
           uint64_t* buf = bufs + r * cap;
           if (S == 1) {  // the segment is the whole row
-            emit(buf, n[r], k, p.indices.ptr<int32_t>() + t.row[r] * p.indices.stride[0]);
+            emit_ordered(buf, n[r], k, tmp, p.indices.ptr<int32_t>() + t.row[r] * p.indices.stride[0]);
             continue;
           }
-          if (n[r] > k) keep_best(buf, n[r], k);
+          if (n[r] > k) n[r] = keep_from(buf, n[r], kth_best(buf, n[r], k, tmp));
           uint64_t* dst = merge + (t.row[r] * S + it.seg) * k;
           const int64_t kept = std::min(n[r], k);
           std::copy(buf, buf + kept, dst);
@@ -208,7 +264,7 @@ StatusCode indexer_topk(const IndexerTopkParams& p) {
       const int64_t L = len[static_cast<size_t>(r)];
       if (L <= k) continue;
       const int64_t segs = ceil_div(L, seg_w);
-      emit(merge + r * S * k, segs * k, k, p.indices.ptr<int32_t>() + r * p.indices.stride[0]);
+      emit_unordered(merge + r * S * k, segs * k, k, p.indices.ptr<int32_t>() + r * p.indices.stride[0]);
     }
   });
 }
