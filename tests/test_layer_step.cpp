@@ -180,8 +180,9 @@ struct Result {
   bool workspace_intact = true;
 };
 
-PlannerConfig config_for(const World& w, int64_t budget) {
+PlannerConfig config_for(const World& w, int64_t budget, SelectPath select = SelectPath::kAuto) {
   PlannerConfig c;
+  c.select = select;
   c.geometry = w.g;
   c.cache_dtype = w.dtype;
   c.page_size = w.page;
@@ -210,6 +211,7 @@ struct RunOpts {
   const std::vector<int64_t>* slot_mapping = nullptr;
   bool positions64 = false;  // positions given as i64
   bool core_plan = false;  // plan with PlannerConfig::core_mode
+  SelectPath select = SelectPath::kAuto;  // PlannerConfig::select
 };
 
 Result run_step(World& w, const RunOpts& o) {
@@ -219,7 +221,7 @@ Result run_step(World& w, const RunOpts& o) {
   if (o.attn) {
     r.plan = o.attn->plan();
   } else {
-    PlannerConfig c = config_for(w, o.budget);
+    PlannerConfig c = config_for(w, o.budget, o.select);
     if (o.device_lengths) c.max_next_n = w.q_lens.empty() ? 1 : w.q_lens[0];
     c.core_mode = o.core_plan;
     ps = make_plan(c, &r.plan);
@@ -504,14 +506,20 @@ TEST(LayerStep, ChunkedAndTiledRunsBitIdenticalToOneShot) {
   ASSERT_TRUE(one.status.ok()) << one.status.to_string();
   EXPECT_EQ(one.report.tiled_rows, 0);
   const int64_t minb = min_budget(w);
-  for (int64_t budget : {int64_t{200000}, int64_t{40000}, int64_t{12000}, minb}) {
-    RunOpts o;
-    o.budget = budget;
-    Result r = run_step(w, o);
-    expect_identical(one, r, "budget " + std::to_string(budget));
-    EXPECT_LE(r.report.score_high_water_bytes, budget);
-    EXPECT_LE(r.report.workspace_high_water_bytes, r.plan.workspace_bytes);
-    EXPECT_GT(r.report.score_chunks + r.report.tiled_rows, one.report.score_chunks);
+  for (SelectPath sel : {SelectPath::kUnfused, SelectPath::kAuto}) {
+    for (int64_t budget : {int64_t{200000}, int64_t{40000}, int64_t{12000}, minb}) {
+      RunOpts o;
+      o.budget = budget;
+      o.select = sel;
+      Result r = run_step(w, o);
+      const std::string what = std::string(select_path_name(sel)) + ", budget " + std::to_string(budget);
+      expect_identical(one, r, what);
+      EXPECT_LE(r.report.score_high_water_bytes, budget) << what;
+      EXPECT_LE(r.report.workspace_high_water_bytes, r.plan.workspace_bytes) << what;
+      // Unfused chunks hold [rows, width] scores: a smaller budget takes more of them. (Fused
+      // chunks hold O(rows * topk): a budget of 200000 bytes serves the batch in one.)
+      if (sel == SelectPath::kUnfused) EXPECT_GT(r.report.score_chunks + r.report.tiled_rows, one.report.score_chunks) << what;
+    }
   }
   RunOpts tiny;
   tiny.budget = minb;
@@ -525,6 +533,67 @@ TEST(LayerStep, ChunkedAndTiledRunsBitIdenticalToOneShot) {
   ASSERT_TRUE(t2.status.ok());
   EXPECT_TRUE(same_bits(t2.out, one.out));
   EXPECT_TRUE(same_bits(t2.lse, one.lse));
+}
+
+TEST(LayerStep, FusedAndUnfusedSelectionGiveIdenticalSteps) {
+  World w(tiny_geometry(), mixed_batch(), 16, 31);
+  RunOpts unfused;
+  unfused.select = SelectPath::kUnfused;
+  Result u = run_step(w, unfused);
+  ASSERT_TRUE(u.status.ok()) << u.status.to_string();
+  EXPECT_EQ(u.report.fused_rows, 0);
+  int64_t scored_rows = 0;  // rows of sequences past topk that see more than topk keys
+  for (int64_t b = 0; b < w.B; ++b)
+    if (w.kv_lens[b] > 64)
+      for (int64_t i = 0; i < w.q_lens[b]; ++i) scored_rows += w.kv_lens[b] - w.q_lens[b] + i + 1 > 64;
+  ASSERT_GT(scored_rows, 0);
+  for (SelectPath sel : {SelectPath::kFused, SelectPath::kAuto}) {
+    // The default budget, then budgets that split the fused rows over several chunks.
+    for (int64_t budget : {int64_t{kDefaultScoreBudgetBytes}, int64_t{120000}, int64_t{70000}}) {
+      RunOpts o;
+      o.select = sel;
+      o.budget = budget;
+      Result r = run_step(w, o);
+      const std::string what = std::string(select_path_name(sel)) + ", budget " + std::to_string(budget);
+      expect_identical(u, r, what);
+      EXPECT_TRUE(r.workspace_intact) << what;
+      EXPECT_LE(r.report.score_high_water_bytes, r.plan.score_region_bytes) << what;
+      EXPECT_LE(r.plan.score_region_bytes, budget) << what;
+      // topk 64 on the CPU: every scored row is cheaper fused (fused_min_width == topk).
+      EXPECT_EQ(r.report.fused_rows >= scored_rows, true) << what << ": " << r.report.fused_rows << " fused rows";
+      EXPECT_EQ(r.report.tiled_rows, 0) << what;
+      if (budget == 70000) EXPECT_GT(r.report.fused_chunks, 1) << what;
+      // Without indices_out the chunks' own index buffers serve: the outputs do not change.
+      o.want_indices = false;
+      Result r2 = run_step(w, o);
+      ASSERT_TRUE(r2.status.ok()) << what;
+      EXPECT_TRUE(same_bits(r2.out, u.out)) << what;
+    }
+  }
+}
+
+TEST(LayerStep, AutoSelectionFollowsTheCostModelsCrossover) {
+  // topk 2048: rows of 30000 keys are past the CPU's crossover (the plan says where), rows of
+  // 5000 keys are not; one chunk of each path.
+  ModelGeometry g = tiny_geometry(2048);
+  g.max_positions = 32768;
+  World w(g, {{2, 5000}, {2, 30000}}, 64, 32);
+  RunOpts o;
+  Result r = run_step(w, o);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  ASSERT_TRUE(r.plan.fused_select);
+  EXPECT_GT(r.plan.fused_min_width, 5000);
+  EXPECT_LT(r.plan.fused_min_width, 29999);
+  EXPECT_FALSE(r.plan.takes_fused(5000));
+  EXPECT_TRUE(r.plan.takes_fused(29999));
+  EXPECT_EQ(r.report.fused_rows, 2);
+  EXPECT_EQ(r.report.fused_chunks, 1);
+  EXPECT_EQ(r.report.score_chunks, 2);
+  RunOpts u;
+  u.select = SelectPath::kUnfused;
+  Result ru = run_step(w, u);
+  expect_identical(ru, r, "auto vs unfused");
+  EXPECT_EQ(ru.report.fused_rows, 0);
 }
 
 TEST(LayerStep, TiedScoresStillMatchUntiled) {
@@ -1463,6 +1532,7 @@ TEST(LayerStep, RandomizedPlannerAndStepHoldTheirPromises) {
     World w(tiny_geometry(), seqs, page, seed + iter);
     // Random limits at or above the batch (slack on each).
     PlannerConfig c = config_for(w, kDefaultScoreBudgetBytes);
+    c.select = static_cast<SelectPath>(iter % 3);  // auto, unfused, fused: every path keeps the bound
     c.max_tokens_per_step += rng.integer(0, 64);
     c.max_seqs_per_step += rng.integer(0, 4);
     c.max_context += rng.integer(0, 512);

@@ -68,6 +68,7 @@ TEST(Planner, WorkspaceBreakdownByHand) {
   c.max_seqs_per_step = 4;
   c.max_context = 256;
   c.page_size = 16;
+  c.select = SelectPath::kUnfused;  // the fused layout: FusedWorkspaceByHand
   Plan p;
   DSA_ASSERT_OK(make_plan(c, &p));
   // Everything fits one chunk: 16 rows x 256 keys, idx and mapped [16, 64].
@@ -117,6 +118,7 @@ TEST(Planner, TilesWhenOneRowExceedsTheBudget) {
   c.geometry = small_geometry(128);
   c.max_context = 1 << 20;
   c.score_budget_bytes = 256 * kKiB;  // one row of 1M keys is 4 MiB
+  c.select = SelectPath::kUnfused;    // fused rows are never tiled (FusedPathNeverTiles)
   Plan p;
   DSA_ASSERT_OK(make_plan(c, &p));
   EXPECT_EQ(p.rows_per_chunk(1 << 20), 0);
@@ -130,6 +132,93 @@ TEST(Planner, TilesWhenOneRowExceedsTheBudget) {
   EXPECT_LE(p.score_region_bytes, c.score_budget_bytes);
   // Short rows still go whole.
   EXPECT_GT(p.rows_per_chunk(1000), 0);
+}
+
+// The CPU fused score-and-select's scratch (indexer.h): per worker slot 17 buffers of 2k + 64
+// eight-byte words, and no merge region while the rows alone give every thread two tiles.
+int64_t cpu_fused_scratch(int64_t rows, int64_t k) {
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  return std::min(rows, hw) * 17 * (2 * k + 64) * 8;
+}
+
+TEST(Planner, FusedWorkspaceByHand) {
+  PlannerConfig c;
+  c.geometry = small_geometry();
+  c.max_tokens_per_step = 16;
+  c.max_seqs_per_step = 4;
+  c.max_context = 256;
+  c.page_size = 16;
+  Plan p;
+  DSA_ASSERT_OK(make_plan(c, &p));
+  // topk 64 on the CPU: every scored row is cheaper fused, so the unfused path serves only the
+  // identity fills (rows of 64 keys) and the fused chunk holds all 16 rows of 256 keys.
+  ASSERT_TRUE(p.fused_select);
+  EXPECT_EQ(p.fused_min_width, 64);
+  EXPECT_EQ(p.unfused_max_width, 64);
+  const int64_t fused = A(cpu_fused_scratch(16, 64)) + 2 * A(16 * 64 * 4);
+  EXPECT_EQ(p.fused_region_bytes, fused);
+  EXPECT_EQ(p.fused_chunk_bytes(16, 256), fused);
+  EXPECT_EQ(sum_buffers(p.fused_buffers), fused);
+  EXPECT_EQ(p.unfused_region_bytes, p.chunk_bytes(16, 64));
+  EXPECT_EQ(p.score_region_bytes, std::max(fused, p.chunk_bytes(16, 64)));
+  EXPECT_EQ(p.fused_max_context_rows_per_chunk, 16);
+  EXPECT_EQ(p.fused_bytes_all_rows, fused);
+  EXPECT_EQ(p.unfused_bytes_all_rows, p.chunk_bytes(16, 256));
+  EXPECT_TRUE(p.takes_fused(65));
+  EXPECT_FALSE(p.takes_fused(64));
+}
+
+TEST(Planner, FusedPathNeverTilesAndHoldsAllRowsInLittleMemory) {
+  PlannerConfig c;
+  c.geometry = small_geometry(128);
+  c.max_context = 1 << 20;
+  c.score_budget_bytes = 256 * kKiB;  // one unfused row of 1M keys is 4 MiB: tiled
+  Plan p;
+  DSA_ASSERT_OK(make_plan(c, &p));
+  EXPECT_EQ(p.tile_width, 0);
+  EXPECT_EQ(p.tile_width_for(1 << 20), 0);
+  ASSERT_GE(p.fused_max_context_rows_per_chunk, 1);
+  EXPECT_LE(p.fused_chunk_bytes(p.fused_max_context_rows_per_chunk, 1 << 20), p.score_region_bytes);
+  EXPECT_LE(p.score_region_bytes, c.score_budget_bytes);
+  // Selection memory of all 8192 rows at 1M keys: O(rows * topk) fused, O(rows * N) unfused.
+  EXPECT_LT(p.fused_bytes_all_rows, 2 * 8192 * 128 * 4 + 4 * kMiB);
+  EXPECT_GT(p.unfused_bytes_all_rows, int64_t{8192} * (1 << 20) * 4);
+  // A budget below one fused row: auto leaves every row to the unfused path, which tiles;
+  // select = fused refuses it, naming the smallest budget that works.
+  c.score_budget_bytes = 48 * kKiB;
+  Plan small;
+  DSA_ASSERT_OK(make_plan(c, &small));
+  EXPECT_FALSE(small.fused_select);
+  EXPECT_GT(small.tile_width, 0);
+  c.select = SelectPath::kFused;
+  Plan refused;
+  const Status st = make_plan(c, &refused);
+  EXPECT_EQ(st.code(), StatusCode::kLimitExceeded);
+  const int64_t least = number_after(st.message(), "the smallest budget that works is ");
+  EXPECT_EQ(least, p.fused_chunk_bytes(1, 1 << 20));
+  c.score_budget_bytes = least;
+  Plan at_least;
+  DSA_ASSERT_OK(make_plan(c, &at_least));
+  EXPECT_EQ(at_least.fused_max_context_rows_per_chunk, 1);
+}
+
+TEST(Planner, SelectPathIsCheckedAgainstTheDevice) {
+  PlannerConfig c;
+  c.geometry = small_geometry();
+  c.max_context = 4096;
+  c.select = SelectPath::kUnfused;
+  Plan p;
+  DSA_ASSERT_OK(make_plan(c, &p));
+  EXPECT_FALSE(p.fused_select);
+  EXPECT_EQ(p.fused_bytes_all_rows, 0);
+  c.select = static_cast<SelectPath>(7);
+  EXPECT_TRUE(dsa_test::fails_naming(make_plan(c, &p), {"select"}));
+  // No fused kernel on CUDA yet: select = fused is refused there before anything is sized.
+  c.select = SelectPath::kFused;
+  c.device = Device{DeviceType::kCUDA, 0};
+  EXPECT_TRUE(dsa_test::fails_naming(make_plan(c, &p), {"select = fused", "cuda", "CPU"}));
+  EXPECT_STREQ(select_path_name(SelectPath::kAuto), "auto");
+  EXPECT_STREQ(select_path_name(SelectPath::kFused), "fused");
 }
 
 TEST(Planner, ImpossibleBudgetNamesTheMinimumAndTheMinimumWorks) {

@@ -131,7 +131,8 @@ struct StepReport {
   int64_t seqs[3] = {0, 0, 0};   // sequences per Route
   int64_t rows[3] = {0, 0, 0};   // query rows per Route
   int64_t mha_seqs = 0, mha_rows = 0;  // core mode: dense sequences / rows served in MHA form
-  int64_t score_chunks = 0;      // untiled scoring (or mapping, shared) chunks
+  int64_t score_chunks = 0;      // untiled scoring (or mapping, shared) chunks, fused ones included
+  int64_t fused_chunks = 0, fused_rows = 0;  // chunks / rows that scored and selected in one pass
   int64_t tiled_rows = 0;        // rows scored in key-axis tiles
   int64_t score_tiles = 0;       // tiles over all tiled rows
   int64_t workspace_high_water_bytes = 0;  // arena high-water mark (alignment included)
@@ -139,7 +140,8 @@ struct StepReport {
   int64_t workspace_plan_bytes = 0;        // plan.workspace_bytes
   int64_t score_budget_bytes = 0;          // plan.score_budget_bytes
   // Host wall time per stage in ms (on CUDA: time to enqueue).
-  // ms_project: core mode's W_UK absorb and W_UV up-projection; ms_dense includes MHA form.
+  // ms_project: core mode's W_UK absorb and W_UV up-projection; ms_dense includes MHA form;
+  // ms_score includes the fused chunks' selection (one pass).
   double ms_cache = 0, ms_prepare = 0, ms_score = 0, ms_select = 0, ms_map = 0, ms_sparse = 0,
          ms_dense = 0, ms_project = 0, ms_total = 0;
   // Host microseconds of this call (step, prepare or run) from entry to return, less the wait

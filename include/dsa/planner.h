@@ -23,6 +23,15 @@ namespace dsa {
 constexpr int64_t kDefaultScoreBudgetBytes = int64_t{512} << 20;  // 512 MiB
 constexpr int64_t kWorkspaceAlignment = 256;  // every arena buffer starts at a multiple of this
 
+// How a step's scoring chunks select their keys (docs/fused_select.md).
+//   kAuto:    per chunk, the cheaper path by the cost model among those the device has
+//             (rows wider than Plan::fused_min_width take the fused path);
+//   kUnfused: scores written to the score region, then top-k (every device);
+//   kFused:   scored and selected in one pass (indexer_topk), no [rows, N] scores; refused by
+//             make_plan on a device without the fused kernel.
+enum class SelectPath : int32_t { kAuto = 0, kUnfused = 1, kFused = 2 };
+const char* select_path_name(SelectPath s);  // "auto", "unfused", "fused"
+
 struct PlannerConfig {
   ModelGeometry geometry;                          // a preset (geometry_preset) or custom
   MlaCacheDtype cache_dtype = MlaCacheDtype::kBF16;  // BF16 default; FP8 is an explicit policy
@@ -46,6 +55,7 @@ struct PlannerConfig {
   // [rows, H, 512] of the step's rows (bf16 on CUDA, f32 on the CPU). Dense rows in MHA form
   // decompress their K/V into the score region (so the score budget bounds that too).
   bool core_mode = false;
+  SelectPath select = SelectPath::kAuto;
 };
 
 // One buffer of the plan: name, bytes (alignment included) and what it holds.
@@ -77,6 +87,23 @@ struct Plan {
   int64_t max_tiles = 0;    // tiles of the longest row
   int64_t max_context_rows_per_chunk = 0;  // rows_per_chunk(max_context), kept: steps ask per layer
 
+  // ---- the two selection paths (docs/fused_select.md) ----
+  // The score region serves both: the unfused path's chunks (scores [rows, width] + top-k)
+  // for rows up to unfused_max_width keys, and the fused path's (candidate buffers + indices,
+  // O(rows * topk)) for rows wider than fused_min_width.
+  bool fused_select = false;          // steps take the fused path where the cost model says so
+  int64_t fused_min_width = 0;        // rows seeing more keys than this are fused (INT64_MAX: none)
+  int64_t unfused_max_width = 0;      // the widest row the unfused path serves (max_context, or
+                                      // fused_min_width when wider rows are fused)
+  int64_t unfused_region_bytes = 0;   // what the unfused path needs within the budget
+  int64_t fused_region_bytes = 0;     // what the fused path needs within the budget (0: unused)
+  int64_t fused_max_context_rows_per_chunk = 0;  // fused_rows_per_chunk(max_context)
+  // Selection memory of one chunk of max_rows rows of max_context keys, without the budget:
+  // the unfused path's scores and scratch, and the fused path's (both reported by dsa plan).
+  int64_t unfused_bytes_all_rows = 0;
+  int64_t fused_bytes_all_rows = 0;
+  std::vector<PlanBuffer> fused_buffers;  // the fused chunk of rows of max_context (when used)
+
   // ---- KV cache, after the reservation ----
   int64_t mla_layers = 0;          // layers with an MLA cache (main + MTP)
   int64_t indexer_layers = 0;      // layers with an indexer cache (full + MTP; shared own none)
@@ -98,6 +125,13 @@ struct Plan {
   int64_t chunk_bytes(int64_t rows, int64_t width) const;
   // Exact score-region bytes of one row scored in tiles of tile_width.
   int64_t tiled_row_bytes(int64_t tile_width) const;
+  // Exact score-region bytes of a fused chunk of `rows` rows, the longest seeing `width` keys
+  // (indexer_topk workspace, selected and mapped indices).
+  int64_t fused_chunk_bytes(int64_t rows, int64_t width) const;
+  // Rows of one fused chunk when every row sees context_len keys (>= 1 in a valid plan).
+  int64_t fused_rows_per_chunk(int64_t context_len) const;
+  // Whether a row of `width` keys takes the fused path in this plan's steps.
+  bool takes_fused(int64_t width) const { return fused_select && width > fused_min_width; }
 };
 
 // Builds the plan or refuses limits that cannot be served (kLimitExceeded, message naming the

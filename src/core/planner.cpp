@@ -10,6 +10,7 @@
 
 #include "core/arena.h"
 #include "core/mha_layout.h"
+#include "core/select_cost.h"
 #include "core/step_layout.h"
 #include "core/validate.h"
 #include "dsa/attention.h"
@@ -83,6 +84,24 @@ int64_t Plan::tiled_row_bytes(int64_t width) const {
   return a.failed() ? std::numeric_limits<int64_t>::max() : a.used();
 }
 
+int64_t Plan::fused_chunk_bytes(int64_t rows, int64_t width) const {
+  core::Arena a = core::Arena::counting();
+  core::FusedLayout l;
+  core::layout_fused(a, config.device, rows, width, config.geometry.topk, &l);
+  return a.failed() ? std::numeric_limits<int64_t>::max() : a.used();
+}
+
+int64_t Plan::fused_rows_per_chunk(int64_t context_len) const {
+  const int64_t w = std::max<int64_t>(context_len, 1);
+  if (fused_chunk_bytes(1, w) > score_region_bytes) return 0;
+  int64_t lo = 1, hi = max_rows;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fused_chunk_bytes(mid, w) <= score_region_bytes) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 int64_t Plan::rows_per_chunk(int64_t context_len) const {
   const int64_t w = std::max<int64_t>(context_len, 1);
   if (chunk_bytes(1, w) > score_region_bytes) return 0;
@@ -95,6 +114,7 @@ int64_t Plan::rows_per_chunk(int64_t context_len) const {
 }
 
 int64_t Plan::tile_width_for(int64_t context_len) const {
+  if (takes_fused(context_len)) return 0;  // fused rows are never tiled
   return rows_per_chunk(context_len) == 0 ? tile_width : 0;
 }
 
@@ -143,28 +163,68 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
   p.score_budget_bytes = c.score_budget_bytes;
   const int64_t K = g.topk, L = c.max_context;
 
-  // ---- the score region ----
+  // ---- the selection paths ----
+  if (c.select != SelectPath::kAuto && c.select != SelectPath::kUnfused && c.select != SelectPath::kFused)
+    return invalid("select: expected auto, unfused or fused");
+  const core::SelectCostModel cost = core::select_cost_model(c.device.type);
+  if (c.select == SelectPath::kFused && !cost.fused_available)
+    return invalid(std::string("select = fused: no fused score-and-select kernel on ") + device_type_name(c.device.type) +
+                   " (it exists on the CPU); use auto or unfused");
+  p.fused_select = cost.fused_available && c.select != SelectPath::kUnfused;
+  p.fused_min_width = !p.fused_select ? std::numeric_limits<int64_t>::max()
+                      : c.select == SelectPath::kFused ? 0
+                                                       : core::fused_crossover_width(cost, K);
   const int64_t budget = c.score_budget_bytes / core::Arena::kAlign * core::Arena::kAlign;
-  // The smallest region that serves one row of L keys: whole, or in tiles of any width >= topk.
-  const int64_t Lpad = core::score_stride(L);
-  int64_t min_region = p.chunk_bytes(1, L);
-  int64_t best_tile = 0;  // the widest tile that fits the budget
-  const bool one_row_fits = min_region <= budget;
-  for (int64_t w = Lpad; w >= K; w -= core::kScoreRowAlign) {
-    const int64_t need = p.tiled_row_bytes(w);
-    min_region = std::min(min_region, need);
-    if (best_tile == 0 && need <= budget) best_tile = w;
+  // auto: a budget below one fused row of max_context (the fused path's candidate buffers
+  // are per worker slot) leaves every row to the unfused path, which can tile.
+  if (p.fused_select && c.select == SelectPath::kAuto && L > p.fused_min_width && p.fused_chunk_bytes(1, L) > budget) {
+    p.fused_select = false;
+    p.fused_min_width = std::numeric_limits<int64_t>::max();
   }
-  // Identity fills of dense rows take one row of min(topk, max_context) keys.
-  min_region = std::max(min_region, p.chunk_bytes(1, std::min(K, L)));
-  p.min_score_budget_bytes = min_region;
+  // The unfused path serves rows up to the crossover, and always the identity fills of dense
+  // rows (one row of min(topk, max_context) keys).
+  const int64_t Lu = std::max(std::min(L, p.fused_min_width), std::min(K, L));
+  p.unfused_max_width = Lu;
+
+  // ---- the score region ----
+  // The smallest region that serves unfused rows of up to `width` keys: one whole, or in tiles
+  // of any width >= topk; *tile gets the widest tile within the budget (0: none fits).
+  auto unfused_min = [&](int64_t width, int64_t* tile) {
+    int64_t least = p.chunk_bytes(1, width);
+    *tile = 0;
+    for (int64_t w = core::score_stride(width); w >= K; w -= core::kScoreRowAlign) {
+      const int64_t need = p.tiled_row_bytes(w);
+      least = std::min(least, need);
+      if (*tile == 0 && need <= budget) *tile = w;
+    }
+    // Identity fills of dense rows take one row of min(topk, max_context) keys.
+    return std::max(least, p.chunk_bytes(1, std::min(K, L)));
+  };
+  int64_t best_tile = 0;
+  const bool one_row_fits = p.chunk_bytes(1, Lu) <= budget;
+  int64_t min_region = unfused_min(Lu, &best_tile);
+  const bool fused_used = p.fused_select && L > p.fused_min_width;
+  if (fused_used) min_region = std::max(min_region, p.fused_chunk_bytes(1, L));
+  // auto falls back to the unfused path alone under a smaller budget (above): the smallest
+  // budget that works is the lesser of the two.
+  int64_t least_budget = min_region;
+  if (fused_used && c.select == SelectPath::kAuto) {
+    int64_t unused_tile = 0;
+    least_budget = std::min(least_budget, unfused_min(L, &unused_tile));
+  }
+  p.min_score_budget_bytes = least_budget;
   if (min_region > budget || (!one_row_fits && best_tile == 0)) {
     return limit("score_budget_bytes = " + bytes_str(c.score_budget_bytes) +
                  " cannot serve one query row of max_context = " + num(L) + " keys with topk = " + num(K) +
-                 "; the smallest budget that works is " + bytes_str(min_region));
+                 (fused_used ? " (rows of up to " + num(Lu) + " keys unfused, wider fused)" : std::string()) +
+                 "; the smallest budget that works is " + bytes_str(least_budget));
   }
-  const int64_t whole = p.chunk_bytes(max_rows, L);
-  p.score_region_bytes = whole <= budget ? whole : budget;
+  const int64_t whole = p.chunk_bytes(max_rows, Lu);
+  p.unfused_region_bytes = std::min(whole, budget);
+  p.unfused_bytes_all_rows = p.chunk_bytes(max_rows, L);
+  if (p.fused_select) p.fused_bytes_all_rows = p.fused_chunk_bytes(max_rows, L);
+  if (fused_used) p.fused_region_bytes = std::min(p.fused_bytes_all_rows, budget);
+  p.score_region_bytes = std::max(p.unfused_region_bytes, p.fused_region_bytes);
   if (c.core_mode) {
     // Core mode: dense rows in MHA form decompress their K/V into the score region, so the
     // region grows (within the budget) to the MHA reservation; the longest dense context
@@ -190,18 +250,26 @@ Status make_plan(const PlannerConfig& config, Plan* out) {
   }
   if (!one_row_fits) {
     p.tile_width = best_tile;
-    p.max_tiles = (L + best_tile - 1) / best_tile;
+    p.max_tiles = (Lu + best_tile - 1) / best_tile;
   }
 
   p.max_context_rows_per_chunk = p.rows_per_chunk(L);
-  // The score region's breakdown for rows of max_context.
+  if (fused_used) {
+    p.fused_max_context_rows_per_chunk = p.fused_rows_per_chunk(L);
+    core::Arena a = core::Arena::counting();
+    core::FusedLayout l;
+    const int64_t rows = p.fused_max_context_rows_per_chunk;
+    core::layout_fused(a, c.device, rows, L, K, &l, &p.fused_buffers);
+    for (auto& b : p.fused_buffers) b.what += " (" + num(rows) + " rows of " + num(L) + " keys)";
+  }
+  // The score region's breakdown for the unfused path's widest rows.
   {
     core::Arena a = core::Arena::counting();
     if (one_row_fits) {
       core::ChunkLayout l;
-      const int64_t rows = p.rows_per_chunk(L);
-      core::layout_chunk(a, c.device, rows, L, K, &l, &p.score_buffers);
-      for (auto& b : p.score_buffers) b.what += " (" + num(rows) + " rows of " + num(L) + " keys)";
+      const int64_t rows = p.rows_per_chunk(Lu);
+      core::layout_chunk(a, c.device, rows, Lu, K, &l, &p.score_buffers);
+      for (auto& b : p.score_buffers) b.what += " (" + num(rows) + " rows of " + num(Lu) + " keys)";
     } else {
       core::TiledLayout l;
       core::layout_tiled(a, c.device, p.tile_width, p.max_tiles, K, &l, &p.score_buffers);
@@ -300,6 +368,17 @@ Status plan_mha_prefill(const PlannerConfig& c, int64_t budget_bytes, MhaPrefill
   r.bytes = bytes(lo);
   *out = r;
   return Status::Ok();
+}
+
+// ---- names ----
+
+const char* select_path_name(SelectPath s) {
+  switch (s) {
+    case SelectPath::kAuto: return "auto";
+    case SelectPath::kUnfused: return "unfused";
+    case SelectPath::kFused: return "fused";
+  }
+  return "?";
 }
 
 // ---- byte sizes ----

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/validate.h"
+#include "dsa/indexer.h"
 #include "dsa/topk.h"
 
 namespace dsa {
@@ -52,6 +53,32 @@ bool layout_chunk(Arena& a, Device dev, int64_t rows, int64_t width, int64_t k, 
               "f32 scores [rows, width] with rows padded to 64 floats") &&
          take_bytes(a, static_cast<int64_t>(o->topk_ws_bytes), &o->topk_ws, names, "topk_scratch",
                     "backend top-k workspace (topk_workspace_size)") &&
+         take(a, saturating_mul(rows, k), &o->idx, names, "index_chunk", "i32 selected positions [rows, topk]") &&
+         take(a, saturating_mul(rows, k), &o->mapped, names, "mapped_index_chunk", "i32 cache slots [rows, topk]");
+}
+
+size_t fused_scratch_bytes(Device dev, int64_t rows, int64_t width, int64_t k) {
+  if (rows <= 0 || width <= 0) return 0;
+  IndexerTopkParams p;
+  p.q = make_tensor(fake_ptr(), DType::kE4M3, {rows, 1, 128}, dev);
+  p.weights = make_tensor(fake_ptr(), DType::kF32, {rows, 1}, dev);
+  p.cache.data = fake_ptr();
+  p.cache.num_blocks = 1;
+  p.cache.device = dev;
+  p.block_table = make_tensor(fake_ptr(), DType::kI32, {1, 1}, dev);
+  p.row_seq = make_tensor(fake_ptr(), DType::kI32, {rows}, dev);
+  p.row_len = make_tensor(fake_ptr(), DType::kI32, {rows}, dev);
+  p.width = width;
+  p.k = k;
+  p.indices = make_tensor(fake_ptr(), DType::kI32, {rows, k}, dev);
+  return indexer_topk_workspace_size(p);
+}
+
+bool layout_fused(Arena& a, Device dev, int64_t rows, int64_t width, int64_t k, FusedLayout* o,
+                  std::vector<PlanBuffer>* names) {
+  o->ws_bytes = fused_scratch_bytes(dev, rows, width, k);
+  return take_bytes(a, static_cast<int64_t>(o->ws_bytes), &o->ws, names, "fused_select_scratch",
+                    "candidate buffers of fused score-and-select (indexer_topk_workspace_size)") &&
          take(a, saturating_mul(rows, k), &o->idx, names, "index_chunk", "i32 selected positions [rows, topk]") &&
          take(a, saturating_mul(rows, k), &o->mapped, names, "mapped_index_chunk", "i32 cache slots [rows, topk]");
 }

@@ -35,6 +35,17 @@ struct ChunkLayout {
 bool layout_chunk(Arena& a, Device dev, int64_t rows, int64_t width, int64_t k, ChunkLayout* out,
                   std::vector<PlanBuffer>* names = nullptr);
 
+// A fused chunk: the indexer_topk workspace, selected and mapped indices.
+struct FusedLayout {
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  int32_t* idx = nullptr;     // [rows, k]
+  int32_t* mapped = nullptr;  // [rows, k]
+};
+size_t fused_scratch_bytes(Device dev, int64_t rows, int64_t width, int64_t k);
+bool layout_fused(Arena& a, Device dev, int64_t rows, int64_t width, int64_t k, FusedLayout* out,
+                  std::vector<PlanBuffer>* names = nullptr);
+
 // One row scored in tiles of tile_width keys, partial top-k merged in two candidate rows.
 struct TiledLayout {
   float* scores = nullptr;  // [1, tile_width]

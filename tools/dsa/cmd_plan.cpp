@@ -28,6 +28,9 @@ void plan_usage(FILE* f) {
                "  --cache bf16|fp8       MLA cache policy (default bf16)\n"
                "  --kv-fraction F        share of the memory after the workspace the KV may take (default 0.9)\n"
                "  --device cpu|cuda      backend whose scratch queries size the plan (default: cuda if present)\n"
+               "  --select auto|unfused|fused\n"
+               "                         selection path of scoring chunks (default auto: the cost model picks\n"
+               "                         per chunk among what the device has; fused needs the CPU today)\n"
                "  --json                 one JSON object instead of a table\n"
                "SIZE accepts B, KiB, MiB, GiB, TiB (e.g. 512MiB, 1.5GiB, 4096).\n");
 }
@@ -134,6 +137,15 @@ int cmd_plan(int argc, char** argv) {
         std::fprintf(stderr, "dsa plan: --kv-fraction: expected a number in (0, 1], got '%s'\n", v);
         ok = false;
       }
+    } else if (a == "--select") {
+      ok = value(&v);
+      if (ok && !std::strcmp(v, "auto")) c.select = dsa::SelectPath::kAuto;
+      else if (ok && !std::strcmp(v, "unfused")) c.select = dsa::SelectPath::kUnfused;
+      else if (ok && !std::strcmp(v, "fused")) c.select = dsa::SelectPath::kFused;
+      else if (ok) {
+        std::fprintf(stderr, "dsa plan: --select: expected auto, unfused or fused, got '%s'\n", v);
+        ok = false;
+      }
     } else if (a == "--device") {
       ok = value(&v);
       if (ok && !std::strcmp(v, "cpu")) c.device = dsa::cpu_device();
@@ -191,6 +203,15 @@ int cmd_plan(int argc, char** argv) {
     print_buffers_json(p.buffers);
     std::printf(", \"score_buffers\": ");
     print_buffers_json(p.score_buffers);
+    const bool fused_any = p.fused_select && p.fused_min_width < L;
+    std::printf(", \"select\": \"%s\", \"fused_select\": %s, \"fused_min_width\": %lld, \"unfused_max_width\": %lld, "
+                "\"unfused_region_bytes\": %lld, \"fused_region_bytes\": %lld, \"unfused_bytes_all_rows\": %lld, "
+                "\"fused_bytes_all_rows\": %lld, \"fused_rows_per_chunk_at_max_context\": %lld, \"fused_buffers\": ",
+                dsa::select_path_name(pc.select), fused_any ? "true" : "false",
+                (long long)(fused_any ? p.fused_min_width : -1), (long long)p.unfused_max_width,
+                (long long)p.unfused_region_bytes, (long long)p.fused_region_bytes, (long long)p.unfused_bytes_all_rows,
+                (long long)p.fused_bytes_all_rows, (long long)p.fused_max_context_rows_per_chunk);
+    print_buffers_json(p.fused_buffers);
     std::printf(", \"kv_budget_bytes\": %lld, \"kv_pages\": %lld, \"kv_tokens\": %lld, \"mla_layers\": %lld, "
                 "\"indexer_layers\": %lld, \"kv_pages_per_layer\": {\"mla\": %lld, \"indexer\": %lld}, "
                 "\"mla_page_bytes\": %lld, \"indexer_page_bytes\": %lld, \"mla_cache_bytes\": %lld, "
@@ -210,13 +231,35 @@ int cmd_plan(int argc, char** argv) {
               dsa::format_byte_size(p.score_budget_bytes).c_str(),
               dsa::format_byte_size(p.min_score_budget_bytes).c_str());
   print_buffers_table(p.buffers);
-  if (p.tile_width == 0)
-    std::printf("scoring:   rows of %lld keys in chunks of %lld rows; no key-axis tiling\n", (long long)L,
-                (long long)rows_at_max);
+  const bool fused_any = p.fused_select && p.fused_min_width < L;
+  const int64_t Lu = p.unfused_max_width;
+  if (fused_any && p.fused_min_width == 0)
+    std::printf("selection: %s: every scored row fused (score and select in one pass)\n", dsa::select_path_name(pc.select));
+  else if (fused_any)
+    std::printf("selection: %s: rows of more than %lld keys fused (the cost model's crossover), shorter unfused\n",
+                dsa::select_path_name(pc.select), (long long)p.fused_min_width);
   else
-    std::printf("scoring:   one row of %lld keys exceeds the budget: tiles of %lld keys (%lld tiles), merged exactly\n",
-                (long long)L, (long long)p.tile_width, (long long)p.max_tiles);
+    std::printf("selection: %s: unfused (scores written, then top-k)%s\n", dsa::select_path_name(pc.select),
+                pc.select == dsa::SelectPath::kUnfused ? "" : p.fused_select ? "; no row is wider than the crossover"
+                                                                              : "; this device has no fused kernel");
+  if (p.tile_width == 0)
+    std::printf("unfused:   rows of %lld keys in chunks of %lld rows (%s); no key-axis tiling\n", (long long)Lu,
+                (long long)p.rows_per_chunk(Lu), dsa::format_byte_size(p.unfused_region_bytes).c_str());
+  else
+    std::printf("unfused:   one row of %lld keys exceeds the budget: tiles of %lld keys (%lld tiles), merged exactly\n",
+                (long long)Lu, (long long)p.tile_width, (long long)p.max_tiles);
   print_buffers_table(p.score_buffers);
+  if (fused_any) {
+    std::printf("fused:     rows of %lld keys in chunks of %lld rows (%s)\n", (long long)L,
+                (long long)p.fused_max_context_rows_per_chunk, dsa::format_byte_size(p.fused_region_bytes).c_str());
+    print_buffers_table(p.fused_buffers);
+  }
+  std::printf("selection memory of all %lld rows at %lld keys in one chunk: unfused %s", (long long)p.max_rows,
+              (long long)L, dsa::format_byte_size(p.unfused_bytes_all_rows).c_str());
+  if (p.fused_select)
+    std::printf(", fused %s\n", dsa::format_byte_size(p.fused_bytes_all_rows).c_str());
+  else
+    std::printf("\n");
   if (pc.device_memory_bytes == 0) {
     std::printf("kv cache:  not sized (give --device-memory)\n");
     return 0;

@@ -1,7 +1,8 @@
 // Stage: score / select / map, per chunk of sparse rows. A chunk's rows are scored by the
 // layer's indexer into the score region, top-k selects each row's keys, and the selection is
 // mapped to cache slots through the block table. A row too wide for the score region is scored
-// in key tiles whose partial top-k are merged exactly.
+// in key tiles whose partial top-k are merged exactly. A fused chunk (rows the cost model sends
+// to the fused path) scores and selects in one pass, writing no scores.
 #include <algorithm>
 
 #include "core/step/step.h"
@@ -54,6 +55,34 @@ Status score_select_map_chunk(Step& s, int64_t r0, int64_t m, int64_t width, Ten
     s.rep.ms_select += ms_since(ts);
   }
   *mapped = dev_tensor(cl.mapped, DType::kI32, {m, s.K}, s.dev);
+  if (st.ok()) st = map_paged(s, *idx, r0, m, *mapped);
+  return st;
+}
+
+Status fused_select_map_chunk(Step& s, int64_t r0, int64_t m, int64_t width, TensorDesc* idx, TensorDesc* mapped) {
+  const StepParams& p = s.p;
+  FusedLayout fl;
+  if (!layout_fused(s.score_arena, s.dev, m, width, s.K, &fl)) return internal("fused chunk does not fit the score region");
+  *idx = p.indices_out.present() ? rows(p.indices_out, r0, m) : dev_tensor(fl.idx, DType::kI32, {m, s.K}, s.dev);
+  const auto ts = Clock::now();
+  mark(s, Stage::kScore);  // scoring and selection are one stage here: its time counts as scoring
+  IndexerTopkParams fp;
+  fp.q = dev_tensor(s.lay.index_q + r0 * s.Hi * kIndexHeadDim, DType::kE4M3, {m, s.Hi, kIndexHeadDim}, s.dev);
+  fp.weights = dev_tensor(s.lay.index_w + r0 * s.Hi, DType::kF32, {m, s.Hi}, s.dev);
+  fp.cache = p.index_cache;
+  fp.block_table = p.block_table;
+  fp.row_seq = rows(s.row_seq, r0, m);
+  fp.row_len = rows(s.row_len, r0, m);
+  fp.width = width;
+  fp.k = s.K;
+  fp.indices = *idx;
+  fp.workspace = fl.ws;
+  fp.workspace_bytes = fl.ws_bytes;
+  fp.stream = p.stream;
+  Status st = indexer_topk(fp);
+  s.rep.ms_score += ms_since(ts);
+  s.rep.fused_rows += m;
+  *mapped = dev_tensor(fl.mapped, DType::kI32, {m, s.K}, s.dev);
   if (st.ok()) st = map_paged(s, *idx, r0, m, *mapped);
   return st;
 }

@@ -11,6 +11,7 @@
 //                   absorbed attends
 //   sparse_run      sparse_run.cpp       a sparse run chunk by chunk:
 //     score_select_map_chunk / score_tiled_row (score_select_map.cpp): score, top-k, map
+//     fused_select_map_chunk (score_select_map.cpp): score and select in one pass, map
 //     sparse_attend (sparse_attend.cpp): sparse MLA over a chunk's mapped indices
 //
 // Shared helpers (row slices, op wrappers that time and check scratch) are in ops.cpp. Device
@@ -252,6 +253,8 @@ Status prepare_queries(Step& s, const Run& run);
 // Scores rows [r0, r0 + m) (widest row `width`) in one chunk, selects and maps; *mapped gets
 // the chunk's cache slots, *idx the selection (indices_out rows when present).
 Status score_select_map_chunk(Step& s, int64_t r0, int64_t m, int64_t width, TensorDesc* idx, TensorDesc* mapped);
+// The same through the fused path (indexer_topk): no scores are written.
+Status fused_select_map_chunk(Step& s, int64_t r0, int64_t m, int64_t width, TensorDesc* idx, TensorDesc* mapped);
 // One row too wide for a chunk: scored in key tiles, partial top-k merged exactly, mapped.
 Status score_tiled_row(Step& s, int64_t r0, TensorDesc* mapped);
 Status sparse_attend(Step& s, int64_t r0, int64_t n, const TensorDesc& mapped);

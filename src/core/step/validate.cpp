@@ -184,7 +184,8 @@ Status check_device_batch(const Plan& plan, const StepParams& p, int64_t* B_out,
   const int64_t T = B * p.next_n;
   if (T > plan.max_rows)
     return limit("batch: B * next_n = " + num(T) + " rows exceeds the plan's " + num(plan.max_rows) + " rows");
-  if (plan.max_context_rows_per_chunk < 1)
+  const bool fused_max = plan.takes_fused(cfg.max_context);
+  if ((fused_max ? plan.fused_max_context_rows_per_chunk : plan.max_context_rows_per_chunk) < 1)
     return limit("device_lengths: expected a plan that scores a row of max_context = " + num(cfg.max_context) +
                  " keys whole, but it tiles such rows (score_budget_bytes = " + num(plan.score_budget_bytes) +
                  "; raise it to at least " + num(plan.chunk_bytes(1, cfg.max_context)) + " or lower max_context)");
