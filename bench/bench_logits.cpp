@@ -1,5 +1,5 @@
-// CPU benchmarks: indexer logits (FLOP/s), top-k and map_indices (bytes/s), and a rough
-// FP32 FMA peak of this machine for comparison.
+// CPU benchmarks: indexer logits (FLOP/s), fused vs unfused score-and-select, top-k and
+// map_indices (bytes/s), and a rough FP32 FMA peak of this machine for comparison.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -122,6 +122,79 @@ void BM_Topk(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * M * W * 4);
 }
 BENCHMARK(BM_Topk)->Args({64, 65536, 2048, 0})->Args({64, 65536, 2048, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Score and select, fused (indexer_topk) against unfused (indexer_logits_paged + topk), for
+// R rows at the end of one sequence of N cached keys (row i sees N - R + i + 1), H index heads,
+// k 2048; range(3): 1 fused, 0 unfused. At H = 1 scoring is smallest, so the selection costs
+// show: these runs fitted the cost model's CPU constants (docs/fused_select.md).
+void BM_ScoreSelect(benchmark::State& state) {
+  const int64_t R = state.range(0), N = state.range(1), H = state.range(2), D = 128, page = 64, k = 2048;
+  const bool fused = state.range(3) != 0;
+  const int64_t nb = (N + page - 1) / page;
+  auto q = random_e4m3(R * H * D, 1);
+  auto w = random_f32(R * H, 3);
+  std::vector<uint8_t> cache(nb * page * kIndexerTokenBytes);
+  auto kbytes = random_e4m3(cache.size(), 5);
+  std::memcpy(cache.data(), kbytes.data(), cache.size());
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t t = 0; t < page; ++t) {
+      const float sc = 1e-3f;
+      std::memcpy(cache.data() + b * page * kIndexerTokenBytes + page * D + t * 4, &sc, 4);
+    }
+  std::vector<int32_t> bt(nb), seq(R, 0), len(R), idx(R * k);
+  for (int64_t i = 0; i < nb; ++i) bt[i] = static_cast<int32_t>(i);
+  for (int64_t r = 0; r < R; ++r) len[r] = static_cast<int32_t>(N - R + r + 1);
+  IndexerCacheDesc cd;
+  cd.data = cache.data();
+  cd.num_blocks = nb;
+  cd.page_size = page;
+  IndexerTopkParams fp;
+  fp.q = make_tensor(q.data(), DType::kE4M3, {R, H, D});
+  fp.weights = make_tensor(w.data(), DType::kF32, {R, H});
+  fp.cache = cd;
+  fp.block_table = make_tensor(bt.data(), DType::kI32, {1, nb});
+  fp.row_seq = make_tensor(seq.data(), DType::kI32, {R});
+  fp.row_len = make_tensor(len.data(), DType::kI32, {R});
+  fp.width = N;
+  fp.k = k;
+  fp.indices = make_tensor(idx.data(), DType::kI32, {R, k});
+  std::vector<uint8_t> fws(indexer_topk_workspace_size(fp));
+  fp.workspace = fws.data();
+  fp.workspace_bytes = fws.size();
+  std::vector<float> logits(fused ? 0 : R * N);
+  IndexerLogitsPagedParams lp;
+  lp.q = fp.q;
+  lp.weights = fp.weights;
+  lp.cache = cd;
+  lp.block_table = fp.block_table;
+  lp.row_seq = fp.row_seq;
+  lp.row_len = fp.row_len;
+  lp.skip_rows_up_to = k;
+  lp.logits = make_tensor(logits.data(), DType::kF32, {R, N});
+  TopkParams tp;
+  tp.logits = lp.logits;
+  tp.lengths = fp.row_len;
+  tp.k = k;
+  tp.indices = fp.indices;
+  std::vector<uint8_t> tws(fused ? 0 : topk_workspace_size(tp));
+  tp.workspace = tws.data();
+  tp.workspace_bytes = tws.size();
+  for (auto _ : state) {
+    Status st = fused ? indexer_topk(fp) : indexer_logits_paged(lp);
+    if (st.ok() && !fused) st = topk(tp);
+    if (!st.ok()) state.SkipWithError(st.to_string().c_str());
+    benchmark::DoNotOptimize(idx.data());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * R * (N - R / 2.0) * H * D, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["scratch_MiB"] = (fused ? fws.size() : logits.size() * 4.0 + tws.size()) / (1 << 20);
+}
+BENCHMARK(BM_ScoreSelect)
+    ->ArgNames({"rows", "keys", "heads", "fused"})
+    ->Args({64, 8192, 1, 0})->Args({64, 8192, 1, 1})
+    ->Args({64, 32768, 1, 0})->Args({64, 32768, 1, 1})
+    ->Args({64, 131072, 1, 0})->Args({64, 131072, 1, 1})
+    ->Args({64, 32768, 32, 0})->Args({64, 32768, 32, 1})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_MapIndices(benchmark::State& state) {
   const int64_t M = state.range(0), K = 2048, B = 16, max_blocks = 1024, page = 64;

@@ -11,6 +11,7 @@ from ._ops import (
     dense_mla,
     indexer_logits,
     indexer_logits_paged,
+    indexer_topk,
     map_indices,
     prepare_indexer_k,
     prepare_indexer_q,
@@ -92,7 +93,7 @@ def __getattr__(name):
 
 __all__ = [
     "compiled_backends", "cuda_available", "deepseek_sm_scale", "dense_mla", "geometry_preset",
-    "geometry_preset_names", "indexer_logits", "indexer_logits_paged", "list_devices", "map_indices",
+    "geometry_preset_names", "indexer_logits", "indexer_logits_paged", "indexer_topk", "list_devices", "map_indices",
     "num_threads", "prepare_indexer_k", "prepare_indexer_q", "quantize_fp8", "read_indexer_cache", "read_mla_cache",
     "set_num_threads", "sparse_mla", "topk", "version", "write_indexer_cache", "write_mla_cache",
 ]

@@ -243,6 +243,31 @@ def indexer_logits_paged(q, weights, cache, block_table, kv_lens=None, next_n=1,
     return out
 
 
+def indexer_topk(q, weights, cache, block_table, kv_lens=None, next_n=1, *, width, k, row_seq=None, row_len=None,
+                 page_size=None, out=None, stream=None):
+    """Score and select in one pass (docs/fused_select.md): the top-k of indexer_logits_paged's rows
+    without writing the [R, width] scores.
+
+    Inputs as indexer_logits_paged (decode form with kv_lens and next_n, or general form with
+    row_seq and row_len); width bounds every row's key count; k a positive multiple of 64 (up to
+    16384). Returns out [R, k] i32: the set topk gives on the same scores (ties to the lower
+    index), ascending, then -1; rows with at most k keys get 0 .. L-1. CPU tensors only for now
+    (on CUDA it raises, naming what exists).
+    """
+    op = "indexer_topk"
+    R = _shape(op, "q", q, 3, "[R, H_idx, 128]")[0]
+    k = _int(op, "k", k)
+    ctx = Context(op, q, "q", stream)
+    if out is None and 0 < k <= 16384:  # else allocate nothing: the C++ check names k
+        out = ctx.empty((R, k), "i32")
+    with ctx.device_guard():
+        _dsa.indexer_topk(ctx.prep(q), ctx.prep(weights), ctx.prep(cache), _page_size(op, page_size),
+                          ctx.prep(block_table), ctx.prep(kv_lens), _int(op, "next_n", next_n), ctx.prep(row_seq),
+                          ctx.prep(row_len), _int(op, "width", width, 0), k, ctx.prep(out),
+                          ctx.workspace_allocator(), ctx.stream)
+    return out
+
+
 # ---- top-k and index mapping -----------------------------------------------------------------
 
 def topk(logits, lengths, k, *, return_values=False, out=None, values=None, stream=None):

@@ -212,6 +212,29 @@ PYBIND11_MODULE(_dsa, m) {
     check(run_nogil([&] { return dsa::indexer_logits_paged(p); }), {{"logits", "out"}});
   });
 
+  m.def("indexer_topk", [](py::object q, py::object weights, py::object cache, int64_t page_size,
+                           py::object block_table, py::object kv_lens, int64_t next_n, py::object row_seq,
+                           py::object row_len, int64_t width, int64_t k, py::object indices, py::object alloc,
+                           uintptr_t stream) {
+    Importer im("indexer_topk", stream);
+    dsa::IndexerTopkParams p;
+    p.q = im.tensor(q, "q", Reinterpret::kE4M3);
+    p.weights = im.tensor(weights, "weights");
+    p.cache = im.indexer_cache(cache, "cache", page_size);
+    p.block_table = im.tensor(block_table, "block_table");
+    p.kv_lens = im.tensor(kv_lens, "kv_lens");
+    p.next_n = next_n;
+    p.row_seq = im.tensor(row_seq, "row_seq");
+    p.row_len = im.tensor(row_len, "row_len");
+    p.width = width;
+    p.k = k;
+    p.indices = im.tensor(indices, "out", Reinterpret::kNone, true);
+    p.stream = as_stream(stream);
+    p.workspace_bytes = dsa::indexer_topk_workspace_size(p);
+    p.workspace = workspace(im, alloc, p.workspace_bytes);
+    check(run_nogil([&] { return dsa::indexer_topk(p); }), {{"indices", "out"}});
+  });
+
   // ---- top-k and index mapping ------------------------------------------------------------
   m.def("topk", [](py::object logits, py::object lengths, int64_t k, py::object indices, py::object values,
                    py::object alloc, uintptr_t stream) {

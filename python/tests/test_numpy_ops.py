@@ -188,6 +188,43 @@ def test_indexer_logits_paged_decode_matches_flat_oracle():
         assert_logits_close(out[row:row + 1], ref, absum, terms=128 + H + 2)
 
 
+def test_indexer_topk_equals_logits_then_topk():
+    # Fused score-and-select against the unfused path on the same paged inputs: decode form and
+    # general form, rows below, at and above k, and a row of tied (zero-query) scores.
+    r = rng(19)
+    B, next_n, H, page, k = 3, 2, 2, 16, 64
+    kv_lens = np.array([400, 65, 30], np.int32)
+    blocks = [(int(n) + page - 1) // page for n in kv_lens]
+    order = r.permutation(sum(blocks) + 2).astype(np.int32)
+    block_table = np.full((B, max(blocks)), -1, np.int32)
+    at = 0
+    for b in range(B):
+        block_table[b, :blocks[b]] = order[at:at + blocks[b]]
+        at += blocks[b]
+    cache = np.full((sum(blocks) + 2, page, 132), 0xFF, np.uint8)  # NaN everywhere not written
+    for b in range(B):
+        n = int(kv_lens[b])
+        slots = np.array([block_table[b, j // page] * page + j % page for j in range(n)], np.int64)
+        dsa.write_indexer_cache(random_e4m3(r, (n, 128)), (2.0 ** r.integers(-6, 0, size=n)).astype(np.float32),
+                                cache, slots)
+    R = B * next_n
+    q8 = random_e4m3(r, (R, H, 128))
+    q8[1] = 0  # every score of row 1 ties: the lowest k indices win
+    w = r.standard_normal((R, H)).astype(np.float32)
+    width = int(kv_lens.max())
+    fused = dsa.indexer_topk(q8, w, cache, block_table, kv_lens, next_n, width=width, k=k)
+    row_seq = np.repeat(np.arange(B, dtype=np.int32), next_n)
+    row_len = np.array([kv_lens[b] - next_n + i + 1 for b in range(B) for i in range(next_n)], np.int32)
+    logits = dsa.indexer_logits_paged(q8, w, cache, block_table, width=width, row_seq=row_seq, row_len=row_len)
+    unfused = dsa.topk(logits, row_len, k)
+    np.testing.assert_array_equal(fused, unfused)
+    np.testing.assert_array_equal(fused[1], np.arange(k))
+    general = dsa.indexer_topk(q8, w, cache, block_table, width=width, k=k, row_seq=row_seq, row_len=row_len)
+    np.testing.assert_array_equal(general, unfused)
+    with pytest.raises(ValueError, match="width"):
+        dsa.indexer_topk(q8, w, cache, block_table, kv_lens, next_n, width=width - 1, k=k)
+
+
 # ---- topk ------------------------------------------------------------------------------------
 
 

@@ -43,6 +43,10 @@ struct Options {
   int64_t prefill_S = 0, prefill_step = 0;             // --prefill S,step
   int64_t decode_B = 0, decode_next_n = 0, decode_ctx = 0;  // --decode B,next_n,ctx
   int64_t core_B = 4, core_len = 2048;                 // --core B,LEN (layer_core)
+  // --select: layer_prefill's selection paths: "both" (default) runs the plan's own choice
+  // (auto) and, where the device has the fused kernel, the unfused path beside it; or one of
+  // auto, unfused, fused alone.
+  std::string select = "both";
 };
 
 struct Rng {
@@ -233,8 +237,9 @@ inline std::string fail_alloc() { return "device allocation or fill failed"; }
 // The layer benchmarks (bench_layer.cpp), on CUDA (pools: the device's random pools) or, with
 // o.cpu, on the CPU (pools unused, may be null).
 struct Pools;
+// select: the plan's PlannerConfig::select; shape_suffix names a forced path in the shape.
 Result bench_layer_prefill(const Options& o, const Pools* pools, const std::string& preset, int64_t S, int64_t step,
-                           int64_t budget);
+                           int64_t budget, dsa::SelectPath select, const std::string& shape_suffix);
 Result bench_layer_decode(const Options& o, const Pools* pools, const std::string& preset, int64_t B, int64_t next_n,
                           int64_t ctx);
 // One batch of B fresh prompts of L tokens through the step in core mode (cost model, dense

@@ -378,8 +378,10 @@ dsa::StepParams step_params(const dsa::ModelGeometry& g, const StepInputs& in, i
 }
 
 bool make_plan_for(const Options& o, const dsa::ModelGeometry& g, int64_t tokens, int64_t seqs, int64_t ctx, int64_t next_n,
-                   int64_t budget, dsa::Plan* plan, std::unique_ptr<dsa::Attention>* attn, std::string* err) {
+                   int64_t budget, dsa::Plan* plan, std::unique_ptr<dsa::Attention>* attn, std::string* err,
+                   dsa::SelectPath select = dsa::SelectPath::kAuto) {
   dsa::PlannerConfig c;
+  c.select = select;
   c.geometry = g;
   c.cache_dtype = dsa::MlaCacheDtype::kBF16;
   c.page_size = kPage;
@@ -683,10 +685,11 @@ std::string host_cost(const Options& o, dsa::Attention& attn, const dsa::StepPar
 }  // namespace
 
 Result bench_layer_prefill(const Options& o, const Pools* pools, const std::string& preset, int64_t S, int64_t step,
-                           int64_t budget) {
+                           int64_t budget, dsa::SelectPath select, const std::string& shape_suffix) {
   Result r;
   r.op = "layer_prefill";
-  r.shape = preset + " S=" + std::to_string(S) + " step=" + std::to_string(step) + " budget=" + budget_text(budget);
+  r.shape = preset + " S=" + std::to_string(S) + " step=" + std::to_string(step) + " budget=" + budget_text(budget) +
+            shape_suffix;
   dsa::ModelGeometry g;
   dsa::Status st = dsa::geometry_preset(preset, &g);
   if (!st.ok()) { r.error = st.to_string(); return r; }
@@ -705,7 +708,7 @@ Result bench_layer_prefill(const Options& o, const Pools* pools, const std::stri
 
   dsa::Plan plan;
   std::unique_ptr<dsa::Attention> attn;
-  if (!make_plan_for(o, g, step, 1, S, 1, budget, &plan, &attn, &r.error)) return r;
+  if (!make_plan_for(o, g, step, 1, S, 1, budget, &plan, &attn, &r.error, select)) return r;
   const dsa::Device d = layer_device(o);
   Filler fill(o, pools, 21);
   const LayerCaches caches(o.cpu, 1, S);  // random contents too (every slot a step reads it has written first)
@@ -773,9 +776,34 @@ Result bench_layer_prefill(const Options& o, const Pools* pools, const std::stri
     r.text_extra += line;
   }
   r.ms_min = r.ms;
+  int64_t fused_rows = 0, rows = 0;
+  for (const dsa::StepReport& rep : reps) {
+    fused_rows += rep.fused_rows;
+    rows += rep.rows[static_cast<int>(dsa::Route::kSparseScored)];
+  }
+  // Selection memory: the score region's high-water over the steps, and the plan's bytes of
+  // one chunk of a whole step's rows at S keys on each path (what no budget bounds).
+  int64_t score_high = 0;
+  for (const dsa::StepReport& rep : reps) score_high = std::max(score_high, rep.score_high_water_bytes);
   r.json_extra = ", \"gpu_timed\": " + std::string(total.gpu ? "true" : "false") + ", \"stages\": " + total.json() +
                  ", \"steps\": [" + steps_json + "]" + ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes) +
+                 ", \"select\": \"" + dsa::select_path_name(select) + "\", \"fused_rows\": " + std::to_string(fused_rows) +
+                 ", \"scored_rows\": " + std::to_string(rows) + ", \"fused_min_width\": " +
+                 std::to_string(plan.fused_select ? plan.fused_min_width : -1) +
+                 ", \"score_high_water_bytes\": " + std::to_string(score_high) +
+                 ", \"unfused_bytes_all_rows\": " + std::to_string(plan.unfused_bytes_all_rows) +
+                 ", \"fused_bytes_all_rows\": " + std::to_string(plan.fused_bytes_all_rows) +
                  ", \"host_us_per_layer\": " + hc.json();
+  std::snprintf(line, sizeof(line),
+                "    select %s: %lld of %lld scored rows fused; score region high-water %s; one chunk of %lld rows at "
+                "%lld keys: unfused %s, fused %s\n",
+                dsa::select_path_name(select), static_cast<long long>(fused_rows), static_cast<long long>(rows),
+                dsa::format_byte_size(score_high).c_str(), static_cast<long long>(step), static_cast<long long>(S),
+                dsa::format_byte_size(plan.unfused_bytes_all_rows).c_str(),
+                plan.fused_select                     ? dsa::format_byte_size(plan.fused_bytes_all_rows).c_str()
+                : select == dsa::SelectPath::kUnfused ? "(not planned)"
+                                                      : "(no fused kernel)");
+  r.text_extra = line + r.text_extra;
   r.text_extra = std::string("    ") +
                  (o.cpu ? std::string("cpu stage ms, summed over the steps: ")
                         : total.gpu ? std::string("gpu stage ms, summed over the steps: ") : std::string(kNotMeasured) + "\n    host ms: ") +

@@ -57,6 +57,9 @@ void usage(FILE* f) {
                "                     back to back over the layers, run()'s host time by op, and on CUDA\n"
                "                     (layer_decode) the device-lengths step replayed as a CUDA graph:\n"
                "                     launch host us and GPU us, per replay and per layer\n"
+               "  --select PATH      layer_prefill's selection: both (default: the plan's own choice, and\n"
+               "                     beside it the unfused path where the device has the fused kernel),\n"
+               "                     auto, unfused or fused (score and select in one pass; CPU only today)\n"
                "  --core B,LEN       layer_core: B fresh prompts of LEN tokens through the step in core mode\n"
                "                     (cost model vs dense absorbed vs forced sparse; default 4,2048)\n"
                "  --bf16-tflops X    bf16 tensor-core ceiling for floors (default %.0f)\n"
@@ -142,6 +145,14 @@ bool parse(int argc, char** argv, Options* o) {
       }
       if (want == 2) { o->prefill_S = x[0]; o->prefill_step = x[1]; }
       else { o->decode_B = x[0]; o->decode_next_n = x[1]; o->decode_ctx = x[2]; }
+    } else if (a == "--select") {
+      const char* v = value("--select");
+      if (!v) return false;
+      o->select = v;
+      if (o->select != "both" && o->select != "auto" && o->select != "unfused" && o->select != "fused") {
+        std::fprintf(stderr, "dsa bench: --select: expected both, auto, unfused or fused, got '%s'\n", v);
+        return false;
+      }
     } else if (a == "--core") {
       const char* v = value("--core");
       if (!v) return false;
@@ -216,10 +227,18 @@ void add_layer_cases(const Options& o, std::vector<Case>* cases) {
   if (selected(o, "layer_prefill")) {
     const int64_t S = o.prefill_S ? o.prefill_S : o.quick ? 16384 : 131072;
     const int64_t step = o.prefill_step ? o.prefill_step : o.quick ? 4096 : 8192;
+    // The plan's own choice (auto) under the shape the anchors join on; beside it, where the
+    // device has the fused kernel, the unfused path ("select=unfused" in the shape).
+    const bool fused_here = dsa::indexer_topk_available(o.cpu ? dsa::DeviceType::kCPU : dsa::DeviceType::kCUDA);
+    std::vector<std::pair<dsa::SelectPath, std::string>> paths;
+    if (o.select == "both" || o.select == "auto") paths.push_back({dsa::SelectPath::kAuto, ""});
+    if ((o.select == "both" && fused_here) || o.select == "unfused") paths.push_back({dsa::SelectPath::kUnfused, " select=unfused"});
+    if (o.select == "fused") paths.push_back({dsa::SelectPath::kFused, " select=fused"});
     for (const std::string& preset : presets)
-      cases->push_back([&o, preset, S, step](const Pools* pp) {
-        return bench_layer_prefill(o, pp, preset, S, step, dsa::kDefaultScoreBudgetBytes);
-      });
+      for (const auto& path : paths)
+        cases->push_back([&o, preset, S, step, path](const Pools* pp) {
+          return bench_layer_prefill(o, pp, preset, S, step, dsa::kDefaultScoreBudgetBytes, path.first, path.second);
+        });
   }
   if (selected(o, "layer_decode")) {
     if (o.decode_B) {
