@@ -54,6 +54,8 @@ class Planner:
     device_memory_bytes less the workspace; memory_is_exact=True gives it all of that (device_memory_bytes
     is exactly DSA's share). plan.as_dict()["geometry"] has every geometry field, overrides included.
     core_mode=True reserves what steps in core mode need (Attention.step's q_nope / q_pe / kv_b_proj).
+    select: 'auto' (default: fused or unfused selection per chunk by the cost model, among what the
+    device has), 'unfused' or 'fused' (docs/fused_select.md).
     plan() raises ValueError for limits the score budget cannot
     serve, naming the smallest budget that works.
     """
@@ -61,7 +63,7 @@ class Planner:
     def __init__(self, geometry="deepseek-v3.2", *, cache_dtype="bf16", page_size=64, max_tokens_per_step=8192,
                  max_seqs_per_step=256, max_context=0, max_next_n=1, score_budget_bytes=512 << 20,
                  device_memory_bytes=0, kv_cache_fraction=0.9, memory_is_exact=False, device="cpu",
-                 core_mode=False):
+                 core_mode=False, select="auto"):
         self.geometry = geometry
         self.config = dict(cache_dtype=cache_dtype, page_size=int(page_size),
                            max_tokens_per_step=int(max_tokens_per_step), max_seqs_per_step=int(max_seqs_per_step),
@@ -69,7 +71,7 @@ class Planner:
                            score_budget_bytes=_bytes("score_budget_bytes", score_budget_bytes),
                            device_memory_bytes=_bytes("device_memory_bytes", device_memory_bytes),
                            kv_cache_fraction=float(kv_cache_fraction), memory_is_exact=bool(memory_is_exact),
-                           core_mode=bool(core_mode), device=str(device))
+                           core_mode=bool(core_mode), select=str(select), device=str(device))
 
     def plan(self):
         return Plan(_dsa.make_plan(self.geometry, dict(self.config)))

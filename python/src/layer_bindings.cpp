@@ -155,6 +155,7 @@ py::dict plan_dict(const dsa::Plan& p) {
   cfg["kv_cache_fraction"] = c.kv_cache_fraction;
   cfg["memory_is_exact"] = c.memory_is_exact;
   cfg["core_mode"] = c.core_mode;
+  cfg["select"] = dsa::select_path_name(c.select);
   {
     // The geometry the plan was made for, every field (preset values and overrides alike).
     const dsa::ModelGeometry& g = c.geometry;
@@ -189,6 +190,13 @@ py::dict plan_dict(const dsa::Plan& p) {
   DSA_PY_FIELD(attention_scratch_bytes);
   DSA_PY_FIELD(core_bytes);
   DSA_PY_FIELD(mha_max_context);
+  DSA_PY_FIELD(fused_select);
+  DSA_PY_FIELD(unfused_max_width);
+  DSA_PY_FIELD(unfused_region_bytes);
+  DSA_PY_FIELD(fused_region_bytes);
+  DSA_PY_FIELD(fused_max_context_rows_per_chunk);
+  DSA_PY_FIELD(unfused_bytes_all_rows);
+  DSA_PY_FIELD(fused_bytes_all_rows);
   DSA_PY_FIELD(tile_width);
   DSA_PY_FIELD(max_tiles);
   DSA_PY_FIELD(mla_layers);
@@ -203,6 +211,9 @@ py::dict plan_dict(const dsa::Plan& p) {
 #undef DSA_PY_FIELD
   d["buffers"] = buffers(p.buffers);
   d["score_buffers"] = buffers(p.score_buffers);
+  d["fused_buffers"] = buffers(p.fused_buffers);
+  // Rows wider than this take the fused path; None when no row does.
+  d["fused_min_width"] = p.fused_select ? py::object(py::int_(p.fused_min_width)) : py::object(py::none());
   return d;
 }
 
@@ -218,6 +229,8 @@ py::dict report_dict(const dsa::StepReport& r) {
   d["rows"] = rows;
 #define DSA_PY_FIELD(f) d[#f] = r.f
   DSA_PY_FIELD(score_chunks);
+  DSA_PY_FIELD(fused_chunks);
+  DSA_PY_FIELD(fused_rows);
   DSA_PY_FIELD(tiled_rows);
   DSA_PY_FIELD(score_tiles);
   DSA_PY_FIELD(workspace_high_water_bytes);
@@ -295,6 +308,11 @@ void bind_layer(py::module_& m) {
     cfg.kv_cache_fraction = get<double>(c, "kv_cache_fraction", cfg.kv_cache_fraction);
     cfg.memory_is_exact = get<bool>(c, "memory_is_exact", cfg.memory_is_exact);
     cfg.core_mode = get<bool>(c, "core_mode", cfg.core_mode);
+    const std::string sel = get<std::string>(c, "select", "auto");
+    if (sel == "auto") cfg.select = dsa::SelectPath::kAuto;
+    else if (sel == "unfused") cfg.select = dsa::SelectPath::kUnfused;
+    else if (sel == "fused") cfg.select = dsa::SelectPath::kFused;
+    else throw py::value_error("plan: select: expected 'auto', 'unfused' or 'fused', got '" + sel + "'");
     cfg.device = device_from(get<std::string>(c, "device", "cpu"));
     dsa::Plan plan;
     check(dsa::make_plan(cfg, &plan));

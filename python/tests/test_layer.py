@@ -30,6 +30,20 @@ def test_plan_reports_and_refuses():
         dsa.plan(score_budget_bytes=1)  # cannot serve the limits: names the smallest budget
 
 
+def test_plan_shows_both_selection_paths():
+    # GLM-5 at 128K on the CPU: rows past the cost model's crossover are fused; all 8192 rows in
+    # one chunk take O(rows * topk) fused against O(rows * N) unfused (docs/fused_select.md).
+    d = dsa.plan("glm-5", max_context=131072).as_dict()
+    assert d["config"]["select"] == "auto" and d["fused_select"]
+    assert 2048 < d["fused_min_width"] < 131072
+    assert d["fused_bytes_all_rows"] < 200 << 20 < 4 << 30 < d["unfused_bytes_all_rows"]
+    assert sum(b["bytes"] for b in d["fused_buffers"]) == d["fused_region_bytes"]
+    u = dsa.plan("glm-5", max_context=131072, select="unfused").as_dict()
+    assert not u["fused_select"] and u["fused_min_width"] is None
+    with pytest.raises(ValueError, match="plan: select"):
+        dsa.plan(select="sometimes")
+
+
 def _step_case(seed=60, q=(3, 2), kv=(10, 100)):
     r = rng(seed)
     page = 16
