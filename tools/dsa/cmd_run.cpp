@@ -281,7 +281,11 @@ int cmd_run(int argc, char** argv) {
     std::printf("plan: workspace %s, score budget %s (region %s, minimum %s), %s\n",
                 size_str(plan.workspace_bytes).c_str(), size_str(plan.score_budget_bytes).c_str(),
                 size_str(plan.score_region_bytes).c_str(), size_str(plan.min_score_budget_bytes).c_str(),
-                plan.tile_width > 0
+                plan.takes_fused(spec.max_kv_len)
+                    ? (std::to_string(plan.fused_rows_per_chunk(spec.max_kv_len)) + " rows of " +
+                       std::to_string(spec.max_kv_len) + " keys per fused scoring chunk (rows of more than " +
+                       std::to_string(plan.fused_min_width) + " keys are fused)").c_str()
+                : plan.tile_width > 0
                     ? ("rows of " + std::to_string(spec.max_kv_len) + " keys tiled by " + std::to_string(plan.tile_width)).c_str()
                     : (std::to_string(plan.rows_per_chunk(spec.max_kv_len)) + " rows of " + std::to_string(spec.max_kv_len) +
                        " keys per scoring chunk").c_str());
@@ -354,6 +358,7 @@ int cmd_run(int argc, char** argv) {
            std::to_string(report.seqs[r]) + ", \"rows\": " + std::to_string(report.rows[r]) + "}";
     }
     j += "}, \"score_chunks\": " + std::to_string(report.score_chunks) +
+         ", \"fused_chunks\": " + std::to_string(report.fused_chunks) + ", \"fused_rows\": " + std::to_string(report.fused_rows) +
          ", \"tiled_rows\": " + std::to_string(report.tiled_rows) + ", \"score_tiles\": " + std::to_string(report.score_tiles);
     j += ", \"workspace_high_water_bytes\": " + std::to_string(report.workspace_high_water_bytes) +
          ", \"score_high_water_bytes\": " + std::to_string(report.score_high_water_bytes) +
@@ -395,7 +400,8 @@ int cmd_run(int argc, char** argv) {
     std::printf("%s %s %lld seqs / %lld rows", i ? "," : "", dsa::route_name(routes[i]), (long long)report.seqs[r],
                 (long long)report.rows[r]);
   }
-  std::printf("\nscoring: %lld chunks, %lld rows tiled in %lld tiles\n", (long long)report.score_chunks,
+  std::printf("\nscoring: %lld chunks (%lld fused: %lld rows scored and selected in one pass), %lld rows tiled in %lld tiles\n",
+              (long long)report.score_chunks, (long long)report.fused_chunks, (long long)report.fused_rows,
               (long long)report.tiled_rows, (long long)report.score_tiles);
   std::printf("workspace: high-water %s of the plan's %s; score high-water %s, region %s, budget %s\n",
               size_str(report.workspace_high_water_bytes).c_str(), size_str(plan.workspace_bytes).c_str(),
