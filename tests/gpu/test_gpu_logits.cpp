@@ -1055,3 +1055,43 @@ TEST(GpuLogits, WgmmaTwoConsumerFormsMatchOracle) {
     if (::testing::Test::HasFailure()) return;
   }
 }
+
+// Fused score-and-select has no CUDA kernel yet (docs/fused_select.md): the op says so and what
+// exists, and CUDA plans keep every row on the unfused path, whatever the context.
+TEST(GpuIndexerTopk, CudaSaysUnsupportedAndPlansStayUnfused) {
+  DSA_REQUIRE_GPU();
+  const int64_t R = 4, H = 2, B = 1, blocks = 4, page = 64, k = 64;
+  DeviceBuffer dq(R * H * 128), dw(R * H * 4), dcache(blocks * page * kIndexerTokenBytes), dbt(B * blocks * 4),
+      dseq(R * 4), dlen(R * 4), didx(R * k * 4);
+  IndexerTopkParams p;
+  p.q = dev_tensor(dq, DType::kE4M3, {R, H, 128});
+  p.weights = dev_tensor(dw, DType::kF32, {R, H});
+  p.cache.data = dcache.data();
+  p.cache.num_blocks = blocks;
+  p.cache.page_size = page;
+  p.cache.device = cuda_device(0);
+  p.block_table = dev_tensor(dbt, DType::kI32, {B, blocks});
+  p.row_seq = dev_tensor(dseq, DType::kI32, {R});
+  p.row_len = dev_tensor(dlen, DType::kI32, {R});
+  p.width = blocks * page;
+  p.k = k;
+  p.indices = dev_tensor(didx, DType::kI32, {R, k});
+  EXPECT_FALSE(indexer_topk_available(DeviceType::kCUDA));
+  EXPECT_EQ(indexer_topk_workspace_size(p), 0u);
+  const Status st = indexer_topk(p);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
+  EXPECT_TRUE(dsa_test::fails_naming(st, {"indexer_topk", "cuda", "indexer_logits_paged", "topk"}));
+
+  PlannerConfig c;
+  ASSERT_TRUE(geometry_preset("glm-5", &c.geometry).ok());
+  c.max_context = 131072;
+  c.device = cuda_device(0);
+  Plan plan;
+  DSA_ASSERT_OK(make_plan(c, &plan));
+  EXPECT_FALSE(plan.fused_select);
+  EXPECT_FALSE(plan.takes_fused(131072));
+  EXPECT_EQ(plan.unfused_max_width, 131072);
+  EXPECT_EQ(plan.fused_region_bytes, 0);
+  c.select = SelectPath::kFused;
+  EXPECT_TRUE(dsa_test::fails_naming(make_plan(c, &plan), {"select = fused", "cuda"}));
+}
