@@ -76,6 +76,20 @@ void* workspace(Importer& im, const py::object& alloc, size_t bytes) {
   return im.raw(buf, "workspace", true).data;
 }
 
+// The inputs both paged scorers take (indexer_logits_paged, indexer_topk).
+template <typename P>
+void import_paged(Importer& im, P* p, py::object q, py::object weights, py::object cache, int64_t page_size,
+                  py::object block_table, py::object kv_lens, int64_t next_n, py::object row_seq, py::object row_len) {
+  p->q = im.tensor(q, "q", Reinterpret::kE4M3);
+  p->weights = im.tensor(weights, "weights");
+  p->cache = im.indexer_cache(cache, "cache", page_size);
+  p->block_table = im.tensor(block_table, "block_table");
+  p->kv_lens = im.tensor(kv_lens, "kv_lens");
+  p->next_n = next_n;
+  p->row_seq = im.tensor(row_seq, "row_seq");
+  p->row_len = im.tensor(row_len, "row_len");
+}
+
 }  // namespace
 
 #if defined(DSA_PY_HAVE_LAYER)
@@ -198,14 +212,7 @@ PYBIND11_MODULE(_dsa, m) {
                                    py::object row_len, int64_t col_offset, py::object logits, uintptr_t stream) {
     Importer im("indexer_logits_paged", stream);
     dsa::IndexerLogitsPagedParams p;
-    p.q = im.tensor(q, "q", Reinterpret::kE4M3);
-    p.weights = im.tensor(weights, "weights");
-    p.cache = im.indexer_cache(cache, "cache", page_size);
-    p.block_table = im.tensor(block_table, "block_table");
-    p.kv_lens = im.tensor(kv_lens, "kv_lens");
-    p.next_n = next_n;
-    p.row_seq = im.tensor(row_seq, "row_seq");
-    p.row_len = im.tensor(row_len, "row_len");
+    import_paged(im, &p, q, weights, cache, page_size, block_table, kv_lens, next_n, row_seq, row_len);
     p.col_offset = col_offset;
     p.logits = im.tensor(logits, "out", Reinterpret::kNone, true);
     p.stream = as_stream(stream);
@@ -218,14 +225,7 @@ PYBIND11_MODULE(_dsa, m) {
                            uintptr_t stream) {
     Importer im("indexer_topk", stream);
     dsa::IndexerTopkParams p;
-    p.q = im.tensor(q, "q", Reinterpret::kE4M3);
-    p.weights = im.tensor(weights, "weights");
-    p.cache = im.indexer_cache(cache, "cache", page_size);
-    p.block_table = im.tensor(block_table, "block_table");
-    p.kv_lens = im.tensor(kv_lens, "kv_lens");
-    p.next_n = next_n;
-    p.row_seq = im.tensor(row_seq, "row_seq");
-    p.row_len = im.tensor(row_len, "row_len");
+    import_paged(im, &p, q, weights, cache, page_size, block_table, kv_lens, next_n, row_seq, row_len);
     p.width = width;
     p.k = k;
     p.indices = im.tensor(indices, "out", Reinterpret::kNone, true);

@@ -118,17 +118,10 @@ StatusCode indexer_logits(const IndexerLogitsParams& p) {
 StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
   const int64_t R = p.q.shape[0], W = p.logits.shape[1];
   if (R == 0 || W == 0) return StatusCode::kOk;
-  const bool general = p.row_seq.present();
   std::vector<Tile> tiles;
   for (int64_t r = 0; r < R; ++r) {
     int64_t seq, len;
-    if (general) {
-      seq = p.row_seq.ptr<const int32_t>()[r * p.row_seq.stride[0]];
-      len = p.row_len.ptr<const int32_t>()[r * p.row_len.stride[0]];
-    } else {
-      seq = r / p.next_n;
-      len = p.kv_lens.ptr<const int32_t>()[seq * p.kv_lens.stride[0]] - p.next_n + r % p.next_n + 1;
-    }
+    score::paged_row(p, r, &seq, &len);
     if (p.skip_rows_up_to > 0 && len <= p.skip_rows_up_to) continue;  // skipped: its logits row is left as it was
     if (tiles.empty() || tiles.back().rows == kTileRows || tiles.back().seq != seq)
       tiles.push_back(Tile{{}, {}, 0, seq, p.col_offset, 0});
@@ -138,8 +131,7 @@ StatusCode indexer_logits_paged(const IndexerLogitsPagedParams& p) {
     t.ncols = std::max(t.ncols, t.nvalid[t.rows]);
     ++t.rows;
   }
-  PagedKeys keys{static_cast<const uint8_t*>(p.cache.data), p.cache.block_bytes(), p.cache.page_size,
-                 p.block_table.ptr<const int32_t>(), p.block_table.stride[0], p.block_table.stride[1]};
+  const PagedKeys keys = score::paged_keys(p);
   return run_tiles(tiles, keys, p.q, p.weights, p.logits);
 }
 

@@ -138,6 +138,26 @@ inline void score_block(const float* q, const float* w, int64_t pairs, int64_t H
   }
 }
 
+// Row r of a paged scorer's params (IndexerLogitsPagedParams, IndexerTopkParams): its sequence
+// and key count, from row_seq / row_len (general form) or kv_lens and next_n (decode form).
+template <typename P>
+void paged_row(const P& p, int64_t r, int64_t* seq, int64_t* len) {
+  if (p.row_seq.present()) {
+    *seq = p.row_seq.template ptr<const int32_t>()[r * p.row_seq.stride[0]];
+    *len = p.row_len.template ptr<const int32_t>()[r * p.row_len.stride[0]];
+  } else {
+    *seq = r / p.next_n;
+    *len = p.kv_lens.template ptr<const int32_t>()[*seq * p.kv_lens.stride[0]] - p.next_n + r % p.next_n + 1;
+  }
+}
+
+// The paged indexer cache of such params, as the scoring core reads it.
+template <typename P>
+PagedKeys paged_keys(const P& p) {
+  return PagedKeys{static_cast<const uint8_t*>(p.cache.data), p.cache.block_bytes(), p.cache.page_size,
+                   p.block_table.template ptr<const int32_t>(), p.block_table.stride[0], p.block_table.stride[1]};
+}
+
 // Loads the tile's queries (dequantised) and gates into the scratch.
 inline void load_queries(const Tile& t, const TensorDesc& qd, const TensorDesc& wd, Scratch& sc) {
   const float* lut = e4m3_table().v;

@@ -157,18 +157,11 @@ size_t indexer_topk_workspace_size(const IndexerTopkParams& p) {
 StatusCode indexer_topk(const IndexerTopkParams& p) {
   const int64_t R = p.q.shape[0], k = p.k, H = p.q.shape[1];
   if (R == 0) return StatusCode::kOk;
-  const bool general = p.row_seq.present();
   std::vector<int64_t> len(static_cast<size_t>(R));
   std::vector<Tile> tiles;
   for (int64_t r = 0; r < R; ++r) {
     int64_t seq, L;
-    if (general) {
-      seq = p.row_seq.ptr<const int32_t>()[r * p.row_seq.stride[0]];
-      L = p.row_len.ptr<const int32_t>()[r * p.row_len.stride[0]];
-    } else {
-      seq = r / p.next_n;
-      L = p.kv_lens.ptr<const int32_t>()[seq * p.kv_lens.stride[0]] - p.next_n + r % p.next_n + 1;
-    }
+    score::paged_row(p, r, &seq, &L);
     len[static_cast<size_t>(r)] = L;
     int32_t* out = p.indices.ptr<int32_t>() + r * p.indices.stride[0];
     if (L <= k) {  // every key is selected: nothing is scored
@@ -197,8 +190,7 @@ StatusCode indexer_topk(const IndexerTopkParams& p) {
   uint64_t* ws = static_cast<uint64_t*>(p.workspace);
   const int64_t cap = buffer_words(k);
   uint64_t* merge = ws + slots * slot_words(k);  // [R][S][k] words when S > 1
-  const PagedKeys keys{static_cast<const uint8_t*>(p.cache.data), p.cache.block_bytes(), p.cache.page_size,
-                       p.block_table.ptr<const int32_t>(), p.block_table.stride[0], p.block_table.stride[1]};
+  const PagedKeys keys = score::paged_keys(p);
 
   StatusCode st = parallel_for(slots, 1, [&](int64_t b, int64_t e) {
     thread_local Scratch sc;
