@@ -131,9 +131,10 @@ struct IndexerTopkParams {
   void* stream = nullptr;
 };
 // Scratch for these params (exact; the op needs all of it): on the CPU, per worker slot
-// (min(work items, hardware threads)) 16 rows of 2k + 64 eight-byte candidates, and, when few
-// rows leave threads idle and rows are split into S key segments, k candidates per
-// (row, segment). Non-decreasing in R and width. 0 for malformed params.
+// (at most the hardware threads) 17 buffers of 2k + 64 eight-byte candidates (16 rows and a
+// copy), and, when few rows leave threads idle and rows are split into key segments, k
+// candidates per (row, segment). Non-decreasing in R and width; 0 when width <= k and for
+// malformed params or a device without the kernel.
 size_t indexer_topk_workspace_size(const IndexerTopkParams& p);
 Status indexer_topk(const IndexerTopkParams& p);
 // Whether a device type has the fused kernel (the planner's and the step's choice).

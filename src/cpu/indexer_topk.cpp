@@ -7,8 +7,9 @@
 // higher, and equal scores rank the lower key index j higher, which is SPEC §3.5's order
 // exactly. Each row's buffer holds 2k + 64 words. A row admits every word above its threshold
 // (0 at first: every real word is > 0); when a block could overflow the buffer, the buffer is
-// compacted to its k best (the k-th best found by nth_element on a copy, then the buffer
+// compacted to its k best (the k-th best found by a radix select on a copy, then the buffer
 // filtered in place, so it stays in key order) and the threshold becomes the k-th best word.
+// Blocks whose best key cannot beat the threshold are skipped after one vectorised max.
 // The row's answer is the same filter at the end: ascending indices with no sort. Keys are
 // visited in ascending j, so a later key that ties the threshold's score has a larger j and
 // ranks below it: dropping it is exact. The overflow is thus handled in place, never by a
