@@ -560,7 +560,7 @@ TEST(LayerStep, FusedAndUnfusedSelectionGiveIdenticalSteps) {
       EXPECT_LE(r.report.score_high_water_bytes, r.plan.score_region_bytes) << what;
       EXPECT_LE(r.plan.score_region_bytes, budget) << what;
       // topk 64 on the CPU: every scored row is cheaper fused (fused_min_width == topk).
-      EXPECT_EQ(r.report.fused_rows >= scored_rows, true) << what << ": " << r.report.fused_rows << " fused rows";
+      EXPECT_GE(r.report.fused_rows, scored_rows) << what;
       EXPECT_EQ(r.report.tiled_rows, 0) << what;
       if (budget == 70000) EXPECT_GT(r.report.fused_chunks, 1) << what;
       // Without indices_out the chunks' own index buffers serve: the outputs do not change.

@@ -40,6 +40,17 @@ ModelGeometry small_geometry(int topk = 64) {
   return g;
 }
 
+// 16 rows of at most 256 keys, 4 sequences, pages of 16: small enough to count by hand.
+PlannerConfig by_hand_config() {
+  PlannerConfig c;
+  c.geometry = small_geometry();
+  c.max_tokens_per_step = 16;
+  c.max_seqs_per_step = 4;
+  c.max_context = 256;
+  c.page_size = 16;
+  return c;
+}
+
 int64_t sum_buffers(const std::vector<PlanBuffer>& v) {
   int64_t s = 0;
   for (const auto& b : v) s += b.bytes;
@@ -62,12 +73,7 @@ int64_t number_after(const std::string& msg, const std::string& key) {
 }  // namespace
 
 TEST(Planner, WorkspaceBreakdownByHand) {
-  PlannerConfig c;
-  c.geometry = small_geometry();
-  c.max_tokens_per_step = 16;
-  c.max_seqs_per_step = 4;
-  c.max_context = 256;
-  c.page_size = 16;
+  PlannerConfig c = by_hand_config();
   c.select = SelectPath::kUnfused;  // the fused layout: FusedWorkspaceByHand
   Plan p;
   DSA_ASSERT_OK(make_plan(c, &p));
@@ -142,12 +148,7 @@ int64_t cpu_fused_scratch(int64_t rows, int64_t k) {
 }
 
 TEST(Planner, FusedWorkspaceByHand) {
-  PlannerConfig c;
-  c.geometry = small_geometry();
-  c.max_tokens_per_step = 16;
-  c.max_seqs_per_step = 4;
-  c.max_context = 256;
-  c.page_size = 16;
+  PlannerConfig c = by_hand_config();
   Plan p;
   DSA_ASSERT_OK(make_plan(c, &p));
   // topk 64 on the CPU: every scored row is cheaper fused, so the unfused path serves only the

@@ -20,12 +20,8 @@ SelectCostModel select_cost_model(DeviceType device) {
     m.unfused_ns_per_row = 3000;
     m.fused_ns_per_key = 1.33;
     m.fused_ns_per_admitted = 3.76;
-  } else {
-    // CUDA: the unfused path's measured H200 costs (docs/perf.md, top-k round 5: 4096 x
-    // 131072 in 0.73 ms, plus writing and reading the scores at ~4 TB/s); no fused kernel.
-    m.unfused_ns_per_key = 0.0036;
-    m.unfused_ns_per_row = 0;
   }
+  // CUDA has no fused kernel yet, so nothing is compared there and no constants are set.
   return m;
 }
 

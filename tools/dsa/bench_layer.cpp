@@ -776,15 +776,14 @@ Result bench_layer_prefill(const Options& o, const Pools* pools, const std::stri
     r.text_extra += line;
   }
   r.ms_min = r.ms;
-  int64_t fused_rows = 0, rows = 0;
+  // Rows per path, and the selection memory: the score region's high-water over the steps (the
+  // plan's bytes of one chunk of a whole step's rows at S keys on each path follow below).
+  int64_t fused_rows = 0, rows = 0, score_high = 0;
   for (const dsa::StepReport& rep : reps) {
     fused_rows += rep.fused_rows;
     rows += rep.rows[static_cast<int>(dsa::Route::kSparseScored)];
+    score_high = std::max(score_high, rep.score_high_water_bytes);
   }
-  // Selection memory: the score region's high-water over the steps, and the plan's bytes of
-  // one chunk of a whole step's rows at S keys on each path (what no budget bounds).
-  int64_t score_high = 0;
-  for (const dsa::StepReport& rep : reps) score_high = std::max(score_high, rep.score_high_water_bytes);
   r.json_extra = ", \"gpu_timed\": " + std::string(total.gpu ? "true" : "false") + ", \"stages\": " + total.json() +
                  ", \"steps\": [" + steps_json + "]" + ", \"workspace_bytes\": " + std::to_string(plan.workspace_bytes) +
                  ", \"select\": \"" + dsa::select_path_name(select) + "\", \"fused_rows\": " + std::to_string(fused_rows) +

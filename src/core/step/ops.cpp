@@ -89,17 +89,11 @@ Status score_rows(Step& s, int64_t r0, int64_t n, float* logits, int64_t width, 
   const auto tl = Clock::now();
   mark(s, Stage::kScore);
   IndexerLogitsPagedParams lp;
-  lp.q = dev_tensor(s.lay.index_q + r0 * s.Hi * kIndexHeadDim, DType::kE4M3, {n, s.Hi, kIndexHeadDim}, s.dev);
-  lp.weights = dev_tensor(s.lay.index_w + r0 * s.Hi, DType::kF32, {n, s.Hi}, s.dev);
-  lp.cache = s.p.index_cache;
-  lp.block_table = s.p.block_table;
-  lp.row_seq = rows(s.row_seq, r0, n);
-  lp.row_len = rows(s.row_len, r0, n);
+  paged_scorer_rows(s, r0, n, &lp);
   lp.col_offset = col_offset;
   lp.skip_rows_up_to = skip_short ? s.K : 0;
   lp.logits = dev_tensor(logits, DType::kF32, {n, width}, s.dev);
   lp.logits.stride[0] = stride;
-  lp.stream = s.p.stream;
   Status st = indexer_logits_paged(lp);
   s.rep.ms_score += ms_since(tl);
   return st;

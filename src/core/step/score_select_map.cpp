@@ -67,18 +67,12 @@ Status fused_select_map_chunk(Step& s, int64_t r0, int64_t m, int64_t width, Ten
   const auto ts = Clock::now();
   mark(s, Stage::kScore);  // scoring and selection are one stage here: its time counts as scoring
   IndexerTopkParams fp;
-  fp.q = dev_tensor(s.lay.index_q + r0 * s.Hi * kIndexHeadDim, DType::kE4M3, {m, s.Hi, kIndexHeadDim}, s.dev);
-  fp.weights = dev_tensor(s.lay.index_w + r0 * s.Hi, DType::kF32, {m, s.Hi}, s.dev);
-  fp.cache = p.index_cache;
-  fp.block_table = p.block_table;
-  fp.row_seq = rows(s.row_seq, r0, m);
-  fp.row_len = rows(s.row_len, r0, m);
+  paged_scorer_rows(s, r0, m, &fp);
   fp.width = width;
   fp.k = s.K;
   fp.indices = *idx;
   fp.workspace = fl.ws;
   fp.workspace_bytes = fl.ws_bytes;
-  fp.stream = p.stream;
   Status st = indexer_topk(fp);
   s.rep.ms_score += ms_since(ts);
   s.rep.fused_rows += m;

@@ -36,10 +36,10 @@ Status shared_run(Step& s, const Run& run) {
 // The greedy chunk from row r0: the most rows m (with `width` their widest row) whose exact
 // layout fits the score region, 0 when row r0 alone does not fit. The chunk takes one selection
 // path, the one its first scored row's width takes (Plan::takes_fused), and stops before the
-// first scored row that takes the other. chunk_bytes grows with rows and width, and a prefix's widest row only grows
-// with it, so the answer is found by galloping then bisecting: O(log m) layouts per chunk
-// instead of one per row (a layout costs about a microsecond of host time; an 8192-row
-// prefill chunk spent milliseconds on them).
+// first scored row that takes the other. chunk_bytes grows with rows and width, and a prefix's
+// widest row only grows with it, so the answer is found by galloping then bisecting: O(log m)
+// layouts per chunk instead of one per row (a layout costs about a microsecond of host time;
+// an 8192-row prefill chunk spent milliseconds on them).
 int64_t chunk_rows(const Step& s, int64_t r0, int64_t r1, bool* fused, int64_t* width) {
   const Plan& plan = s.plan;
   if (s.device_lengths) {  // every row is max_context wide: the plan's constant

@@ -268,6 +268,19 @@ Status map_paged(Step& s, const TensorDesc& idx, int64_t r0, int64_t n, const Te
 Status score_rows(Step& s, int64_t r0, int64_t n, float* logits, int64_t width, int64_t stride, int64_t col_offset,
                   bool skip_short = false);
 Status attn_ws_check(const Step& s, size_t need);
+// The inputs of rows [r0, r0 + n) for a paged scorer (IndexerLogitsPagedParams,
+// IndexerTopkParams): the prepared queries and gates, the layer's indexer cache, the batch's
+// block table and row tables (general form), the stream.
+template <typename P>
+void paged_scorer_rows(const Step& s, int64_t r0, int64_t n, P* p) {
+  p->q = dev_tensor(s.lay.index_q + r0 * s.Hi * kIndexHeadDim, DType::kE4M3, {n, s.Hi, kIndexHeadDim}, s.dev);
+  p->weights = dev_tensor(s.lay.index_w + r0 * s.Hi, DType::kF32, {n, s.Hi}, s.dev);
+  p->cache = s.p.index_cache;
+  p->block_table = s.p.block_table;
+  p->row_seq = rows(s.row_seq, r0, n);
+  p->row_len = rows(s.row_len, r0, n);
+  p->stream = s.p.stream;
+}
 // The largest row count in [1, T] whose layout (bytes_of(rows)) fits the score region.
 template <typename F>
 int64_t max_rows_fitting(const Step& s, F&& bytes_of) {
