@@ -358,7 +358,8 @@ struct Smem {
 // overlaps the tensor cores (DSA_CUDA_LOGITS=wgmma_overlap; prefill row blocks).
 // kCtas: CTAs per SM (2: decode blocks of N <= kDecodeMaxN2, see stages_of).
 // kCons: consumer warpgroups (2, or 4 for blocks of N <= kMaxN4; see threads_of).
-template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1, int kCons = 2>
+template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1, int kCons = 2,
+          int kGateGroups = 0>
 __global__ void __launch_bounds__(threads_of(kCons), kCtas)
     logits_wgmma_kernel(const Args a, const Keys keys, const __grid_constant__ CUtensorMap kmap,
                         const __grid_constant__ CUtensorMap smap) {
@@ -518,6 +519,29 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
     // of them, and the four-consumer form then spills 168 bytes a thread at 112 registers (44
     // with these 8-byte loads; 16-byte loads of two groups spilled 100).
     auto gate = [&](int gi) -> float2 { return *reinterpret_cast<const float2*>(&ws[8 * gi + 2 * quad]); };
+    // kGateGroups > 0 (four consumers; an opt-in variant of round 6): the first kGateGroups
+    // 8-column groups of this thread's gates of its column half in registers for the whole item
+    // (2 a group; kNW / 8 groups in all), the rest read per tile from shared memory. Each
+    // group read per tile is one shared-memory wavefront a warp beside the wgmma operand reads;
+    // the registers are what the 112-register consumers spill (ptxas: 8 bytes a group).
+    constexpr bool kGateRegs = kCons == 4 && kEpilogue && kGateGroups > 0;
+    constexpr int kRegGroups = kGateRegs ? (kGateGroups < kNW / 8 ? kGateGroups : kNW / 8) : 1;
+    float gr[2 * kRegGroups];
+    if constexpr (kGateRegs) {
+#pragma unroll
+      for (int gi = 0; gi < kRegGroups; ++gi) {
+        const float2 v = gate(gi + static_cast<int>(half) * (kNW / 8));
+        gr[2 * gi] = v.x;
+        gr[2 * gi + 1] = v.y;
+      }
+    }
+    // Gate pair of 8-column group gi of this warpgroup's half.
+    auto half_gate = [&](int gi) -> float2 {
+      if constexpr (kGateRegs)
+        if (gi < kRegGroups) return make_float2(gr[2 * gi], gr[2 * gi + 1]);
+      return gate(gi + static_cast<int>(half) * (kNW / 8));
+    };
+    (void)gr;
 
     const int key0 = 16 * warp + lane / 4;  // this thread's keys in a tile: key0, key0 + 8
     // The valid columns of one tile's rows (store(row, half, sum); -inf on unresolvable pages).
@@ -568,12 +592,12 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
           release(s);
           if constexpr (kEpilogue)
             if constexpr (kHalves == 1) {
-              epilogue_rows<kHeads, 0, kRows>(acc, gate, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); },
+              epilogue_rows<kHeads, 0, kRows>(acc, half_gate, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); },
                                               quad);
             } else {  // this half's rows [half * kRows / 2, ...) and gates (groups offset by kNW / 8)
-              const int r_off = static_cast<int>(half) * (kRows / 2), g_off = static_cast<int>(half) * (kNW / 8);
+              const int r_off = static_cast<int>(half) * (kRows / 2);
               epilogue_rows<kHeads, 0, kRows / 2>(
-                  acc, [&](int gi) { return gate(gi + g_off); },
+                  acc, half_gate,
                   [&](int rr, int hf, float sum) { store_tile(cur, rr + r_off, hf, sum); }, quad);
             }
         } else {

@@ -20,6 +20,10 @@ enum class RowsForm { kFourWg, kOverlap, kSerial };
 // four-consumer form when form is kFourWg, else of the two-consumer serial form.
 StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, RowsForm form, bool* served);
 const char* rows_kernel_name(bool paged, RowsForm form);
+// DSA_CUDA_LOGITS_GATES=8|16 (an A/B hook, docs/perf.md round 6): the flat four-consumer form
+// keeps that many 8-column gate groups of each thread in registers instead
+// of reading them per tile from shared memory; 0 (unset, other values): none.
+int flat_gate_groups();
 // The form of the paged decode blocks (next_n <= 4, N = next_n x heads columns):
 //  kSerial:  one CTA per SM, two consumer warpgroups, each one tile at a time (the first form);
 //  kTwoCtas: the same body, two CTAs per SM (N <= 64; wider blocks take the default form);

@@ -1,4 +1,6 @@
 // Instantiations of the Hopper logits kernel for the flat key buffer (indexer_logits).
+#include <cstdlib>
+
 #include "cuda/hopper/hopper.cuh"
 #include "cuda/indexer_logits_wgmma.h"
 #include "cuda/indexer_logits_wgmma_launch.cuh"
@@ -7,6 +9,12 @@
 namespace dsa {
 namespace gpu {
 namespace logits_wg {
+
+int flat_gate_groups() {
+  const char* v = std::getenv("DSA_CUDA_LOGITS_GATES");
+  const int g = v ? std::atoi(v) : 0;
+  return g >= 16 ? 16 : g >= 8 ? 8 : 0;
+}
 
 namespace {
 
@@ -19,6 +27,11 @@ StatusCode launch_flat_heads(Args a, const FlatKeys& keys, const CUtensorMap& ma
     a.rows_per_block = rows4_of(kHeads);
     if constexpr (kHeads > 16)
       if (mma_only) return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), false, false, 1, 4>(a, keys, map, smap, s);
+    switch (flat_gate_groups()) {
+      case 8: return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), true, false, 1, 4, 8>(a, keys, map, smap, s);
+      case 16: return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), true, false, 1, 4, 16>(a, keys, map, smap, s);
+      default: break;
+    }
     return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), true, false, 1, 4>(a, keys, map, smap, s);
   }
   a.rows_per_block = prefill_rows(kHeads);
@@ -73,7 +86,13 @@ StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, RowsForm for
 
 const char* rows_kernel_name(bool paged, RowsForm form) {
   switch (form) {
-    case RowsForm::kFourWg: return paged ? "indexer_logits_paged.wgmma_fp8_rows_4wg" : "indexer_logits.wgmma_fp8_4wg";
+    case RowsForm::kFourWg:
+      if (paged) return "indexer_logits_paged.wgmma_fp8_rows_4wg";
+      switch (flat_gate_groups()) {
+        case 8: return "indexer_logits.wgmma_fp8_4wg_gates8";
+        case 16: return "indexer_logits.wgmma_fp8_4wg_gates16";
+        default: return "indexer_logits.wgmma_fp8_4wg";
+      }
     case RowsForm::kOverlap: return paged ? "indexer_logits_paged.wgmma_fp8_rows_overlap" : "indexer_logits.wgmma_fp8_overlap";
     default: return paged ? "indexer_logits_paged.wgmma_fp8_rows" : "indexer_logits.wgmma_fp8";
   }

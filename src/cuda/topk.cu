@@ -85,8 +85,9 @@ int64_t cluster_keys(int64_t W, int64_t C) {
 
 template <class T>
 const void* cluster_kernel(int64_t m) {
-  return m == topk_cluster::kMaxKeys ? reinterpret_cast<const void*>(&topk_cluster::topk_cluster_kernel<T, true>)
-                                     : reinterpret_cast<const void*>(&topk_cluster::topk_cluster_kernel<T, false>);
+  namespace c = topk_cluster;
+  return m == c::kMaxKeys ? reinterpret_cast<const void*>(&c::topk_cluster_kernel<T, c::kWideThreads>)
+                          : reinterpret_cast<const void*>(&c::topk_cluster_kernel<T, c::kThreads>);
 }
 
 // Both forms of the cluster kernel take up to keys_bytes(kMaxKeys) of dynamic shared memory
@@ -105,7 +106,7 @@ struct ClusterLaunch {
   cudaLaunchAttribute attr[1] = {};
   ClusterLaunch(int64_t M, int64_t C, int64_t m, cudaStream_t s) {
     cfg.gridDim = dim3(static_cast<unsigned>(M * C));
-    cfg.blockDim = dim3(topk_cluster::kThreads);
+    cfg.blockDim = dim3(static_cast<unsigned>(topk_cluster::block_threads(static_cast<int>(m))));
     cfg.dynamicSmemBytes = static_cast<size_t>(topk_cluster::keys_bytes(static_cast<int>(m)));
     cfg.stream = s;
     attr[0].id = cudaLaunchAttributeClusterDimension;

@@ -36,24 +36,60 @@ namespace topk_cluster {
 
 namespace radix = topk_radix;
 
+// Chunk sizes are counted in keys a thread of a 512-thread CTA, m = 8, 16, 32 or 64 (chunk
+// 512 m). The 64 form (one CTA an SM: its keys take 128 KiB) runs 1024 threads of 32 keys:
+// twice the warps to hide each phase's latencies, at the same 64 registers a thread.
 constexpr int kThreads = 512;
-constexpr int kMaxKeys = 64;  // keys per thread (a power of two, >= 8): shared memory holds 4 bytes a key
-constexpr int kMaxCtas = 8;   // portable cluster size
+constexpr int kMaxKeys = 64;  // m: shared memory holds 4 bytes a key
+constexpr int kWideThreads = 1024;
+constexpr int kMaxPerThread = 32;  // keys a thread of either form
+constexpr int kMaxCtas = 8;        // portable cluster size
 constexpr int64_t kMaxWidth = static_cast<int64_t>(kThreads) * kMaxKeys * kMaxCtas;  // 262144
 constexpr int kBits = 12, kBins = 1 << kBits;
 constexpr int kSampleEvery = 16;  // chunk positions p with p % 16 == 0
-static_assert(kThreads == radix::kThreads, "radix::block_exclusive_scan and identity_row assume its block size");
+static_assert(kThreads == radix::kThreads, "identity_row strides by the streaming kernels' block size");
 
-// Dynamic shared memory for m keys a thread.
+// Dynamic shared memory for a chunk of 512 m keys; the block size of that chunk.
 __host__ __device__ constexpr int keys_bytes(int m) { return kThreads * m * 4; }
+__host__ __device__ constexpr int block_threads(int m) { return m == kMaxKeys ? kWideThreads : kThreads; }
 
 struct Shared {
   uint32_t hist[2][kBins];        // u32 bins: the address is the bin (packed halves cost 7 more instructions a count)
   uint32_t totals[kMaxCtas][2];   // (keys above the range, keys in it) of CTA r's chunk, written by CTA r
-  radix::Shared scan;             // the streaming kernels' block scan (same 512 threads)
+  uint32_t warp_sums[kWideThreads / kWarp];  // the block scan's
   uint32_t digit, above, count;   // cluster_choose's answer
   uint32_t cta_max;               // this chunk's largest key
 };
+
+// Exclusive prefix sum over a block of kThr threads (all call); *total gets the sum.
+template <int kThr>
+__device__ __forceinline__ uint32_t block_scan(uint32_t v, Shared& sh, uint32_t* total) {
+  constexpr int kWarps = kThr / kWarp;
+  static_assert(kWarps <= kWarp, "one warp scans the warp sums");
+  const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp;
+  uint32_t x = v;
+#pragma unroll
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == kWarp - 1) sh.warp_sums[wid] = x;
+  __syncthreads();
+  if (wid == 0) {
+    uint32_t w = lane < kWarps ? sh.warp_sums[lane] : 0u;
+#pragma unroll
+    for (int o = 1; o < kWarps; o <<= 1) {
+      const uint32_t y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    if (lane < kWarps) sh.warp_sums[lane] = w;
+  }
+  __syncthreads();
+  const uint32_t before = (wid > 0 ? sh.warp_sums[wid - 1] : 0u) + x - v;
+  *total = sh.warp_sums[kWarps - 1];
+  __syncthreads();  // warp_sums is reused by the next scan
+  return before;
+}
 
 // Order-preserving key of f32 bits: 2^31 +- |x| (so -0 == +0), every NaN 0 (below -inf's
 // 2^23). Six integer instructions; the streaming kernels' order_key differs from it for
@@ -80,33 +116,39 @@ __device__ __forceinline__ int quad_slot(int Q, int lt) {
   return (Q & ~mask) | ((Q + (Q >> lt)) & mask);
 }
 
-// The cluster's choice of a bin over every CTA's copy of a histogram. Thread t owns the 8
-// consecutive bins from kBins - 1 - 8t down: it sums them over the C copies (two 16-byte
-// remote reads per CTA) into registers, the block scan of the owners' sums finds the owner of
+// The cluster's choice of a bin over every CTA's copy of a histogram. Thread t owns the
+// kBins / kThr (8 or 4) consecutive bins from the top down: it sums them over the C copies
+// (16-byte remote reads) into registers, the block scan of the owners' sums finds the owner of
 // the bin where the running count from the top first reaches `rank`, and the owner walks its
 // own 8 bins (one round of remote reads in all). Every thread gets the bin (if 1 <= rank <=
 // total; else the answer is unspecified), the count above it, its own count, and the total.
 // Reads remote shared memory: the caller's cluster barrier comes first.
+template <int kThr>
 __device__ __forceinline__ void cluster_choose(const uint32_t* hist, uint32_t C, uint32_t rank, Shared& sh,
                                                uint32_t* digit, uint32_t* above_out, uint32_t* count_out,
                                                uint32_t* total_out) {
-  constexpr int kPer = kBins / kThreads;
-  static_assert(kPer == 8, "two 16-byte words of bins per thread");
+  constexpr int kPer = kBins / kThr;
+  static_assert(kPer % 4 == 0, "whole 16-byte words of bins per thread");
   const int tid = threadIdx.x;
   const uint32_t top = static_cast<uint32_t>(kBins - 1 - kPer * tid);
   const uint4* mine = reinterpret_cast<const uint4*>(hist + (top + 1 - kPer));
   uint32_t bin[kPer] = {};  // bin[i]: bin top + 1 - kPer + i
   for (uint32_t r = 0; r < C; ++r) {
     const uint4* src = hopper::cluster_peer(mine, r);
-    const uint4 a = src[0], b = src[1];
-    bin[0] += a.x; bin[1] += a.y; bin[2] += a.z; bin[3] += a.w;
-    bin[4] += b.x; bin[5] += b.y; bin[6] += b.z; bin[7] += b.w;
+#pragma unroll
+    for (int w = 0; w < kPer / 4; ++w) {
+      const uint4 a = src[w];
+      bin[4 * w] += a.x;
+      bin[4 * w + 1] += a.y;
+      bin[4 * w + 2] += a.z;
+      bin[4 * w + 3] += a.w;
+    }
   }
   uint32_t sum = 0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) sum += bin[i];
   uint32_t all;
-  const uint32_t above = radix::block_exclusive_scan(sum, sh.scan, &all);
+  const uint32_t above = block_scan<kThr>(sum, sh, &all);
   if (above < rank && above + sum >= rank) {  // one thread: walk its bins from the top
     uint32_t run = above;
 #pragma unroll
@@ -132,19 +174,20 @@ __device__ __forceinline__ void cluster_choose(const uint32_t* hist, uint32_t C,
 // increments of a quad none of its lanes has in range (every later pass, whose range is one
 // bin of the one before, and a floor pass's keys below the floor: the branches around the
 // predicated increments cost as much as the increments).
+template <int kThr>
 __device__ __forceinline__ void count_range(const uint4* keys, int quads, uint32_t lo, uint32_t span, uint32_t s,
                                             uint32_t* hist) {
   constexpr int kAhead = 4;  // quads read before their increments
-  // quads is a multiple of kThreads: whether quad b + j * kThreads + tid exists is the same for
-  // every thread, so the warp stays converged for the vote.
-  for (int b = 0; b < quads; b += kAhead * kThreads) {
+  // quads is a multiple of kThr: whether quad b + j * kThr + tid exists is the same for every
+  // thread, so the warp stays converged for the vote.
+  for (int b = 0; b < quads; b += kAhead * kThr) {
     uint4 v[kAhead];
 #pragma unroll
     for (int j = 0; j < kAhead; ++j)
-      if (b + j * kThreads < quads) v[j] = keys[b + j * kThreads + threadIdx.x];
+      if (b + j * kThr < quads) v[j] = keys[b + j * kThr + threadIdx.x];
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
-      if (b + j * kThreads >= quads) break;
+      if (b + j * kThr >= quads) break;
       const uint32_t d[4] = {v[j].x - lo, v[j].y - lo, v[j].z - lo, v[j].w - lo};
       const bool any = d[0] <= span || d[1] <= span || d[2] <= span || d[3] <= span;
       if (__any_sync(0xffffffffu, any)) {
@@ -156,20 +199,19 @@ __device__ __forceinline__ void count_range(const uint4* keys, int quads, uint32
   }
 }
 
-// Launch: grid M * C blocks of kThreads in clusters of C (a.segs = C, a.seg = 512 * m, the
-// chunk, m a power of two in [8, kMaxKeys], kWide iff m == kMaxKeys); dynamic shared memory
+// Launch: grid M * C blocks of kThr = block_threads(m) threads in clusters of C (a.segs = C,
+// a.seg = 512 * m, the chunk, m a power of two in [8, kMaxKeys]); dynamic shared memory
 // keys_bytes(m). Row r is cluster r. Rows of L <= k get the identity from the cluster's first
-// CTA. kWide: m = 64 (one CTA an SM by shared memory), up to 128 registers and every 16-byte
-// load of the chunk in flight at once; else m <= 32, two CTAs an SM, 64 registers, 8 loads.
-template <class T, bool kWide>
-__global__ void __launch_bounds__(kThreads, kWide ? 1 : 2) topk_cluster_kernel(radix::Args a) {
+// CTA. Every thread holds chunk / kThr <= 32 keys; two 512-thread CTAs fit an SM, one of 1024.
+template <class T, int kThr>
+__global__ void __launch_bounds__(kThr, kThr == kThreads ? 2 : 1) topk_cluster_kernel(radix::Args a) {
 #if __CUDA_ARCH__ >= 900
   __shared__ __align__(16) Shared sh;
   extern __shared__ uint4 key_quads[];  // the chunk's keys, 4 a quad, quad Q at quad_slot(Q)
   constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // keys per 16-byte load
   constexpr bool kF32 = sizeof(T) == 4;
   const uint32_t C = static_cast<uint32_t>(a.segs), c = hopper::cluster_rank();
-  const int chunk = static_cast<int>(a.seg), m = chunk / kThreads, quads = chunk / 4;
+  const int chunk = static_cast<int>(a.seg), m = chunk / kThr, quads = chunk / 4;
   const int tq = m / 4, lt = __ffs(tq) - 1;
   const int tid = threadIdx.x, lane = tid % kWarp;
   const int64_t row = blockIdx.x / C;
@@ -178,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, kWide ? 1 : 2) topk_cluster_kernel(r
   int32_t* idx = a.indices + row * a.i0;
   float* val = a.values ? a.values + row * a.v0 : nullptr;
   if (L <= a.k) {  // the same for every CTA of the cluster: none of them reaches a barrier
-    if (c == 0) radix::identity_row<T>(a, row, L);
+    if (c == 0 && tid < radix::kThreads) radix::identity_row<T>(a, row, L);
     return;
   }
   const uint32_t k = static_cast<uint32_t>(a.k);
@@ -190,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, kWide ? 1 : 2) topk_cluster_kernel(r
   {
     uint4* h = reinterpret_cast<uint4*>(&sh.hist[0][0]);  // 2 x 4096 words: 2048 uint4
 #pragma unroll
-    for (int i = 0; i < 4; ++i) h[tid + i * kThreads] = make_uint4(0u, 0u, 0u, 0u);
+    for (int i = 0; i < 2048 / kThr; ++i) h[tid + i * kThr] = make_uint4(0u, 0u, 0u, 0u);
   }
   if (tid == 0) sh.cta_max = 0u;
   __syncthreads();
@@ -206,25 +248,25 @@ __global__ void __launch_bounds__(kThreads, kWide ? 1 : 2) topk_cluster_kernel(r
     for (int h = 0; h < kPer / 4; ++h)
       key_quads[quad_slot(v * (kPer / 4) + h, lt)] = make_uint4(key[4 * h], key[4 * h + 1], key[4 * h + 2], key[4 * h + 3]);
   };
-  constexpr int kBatch = kWide ? 16 : 8;  // 16-byte loads in flight a thread
+  constexpr int kBatch = kMaxPerThread / 4;  // 16-byte loads in flight a thread: all of an f32 chunk's
   const int loads = chunk / kPer;
   if (whole) {
     // What the first batch does not cover is asked of the copy engine into L2 now, so the
     // later batches find it there. As launched one batch holds the thread's loads, so this
     // never fires; without it ptxas allocates differently (12 bytes of spills at 64 registers,
-    // 119 registers for kWide, against 0 and 104), so it stays until that form is measured.
-    const int batch_keys = kBatch * kThreads * kPer;
+    // in the 512-thread form, against none), so it stays until that form is measured.
+    const int batch_keys = kBatch * kThr * kPer;
     if (tid == 0 && chunk > batch_keys) hopper::prefetch_l2_bulk(x + first + batch_keys, (chunk - batch_keys) * sizeof(T));
-    for (int v0 = 0; v0 < loads; v0 += kBatch * kThreads) {
+    for (int v0 = 0; v0 < loads; v0 += kBatch * kThr) {
       uint4 raw[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int v = v0 + u * kThreads + tid;
+        const int v = v0 + u * kThr + tid;
         if (v < loads) raw[u] = *reinterpret_cast<const uint4*>(x + first + v * kPer);
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int v = v0 + u * kThreads + tid;
+        const int v = v0 + u * kThr + tid;
         if (v >= loads) break;
         const uint32_t w[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
         uint32_t key[kPer];
@@ -234,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, kWide ? 1 : 2) topk_cluster_kernel(r
       }
     }
   } else {  // the row's last chunk, chunks past it, unaligned rows: one key at a time
-    for (int v = tid; v < loads; v += kThreads) {
+    for (int v = tid; v < loads; v += kThr) {
       const int p = first + v * kPer;
       uint32_t key[kPer];
 #pragma unroll
@@ -259,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, kWide ? 1 : 2) topk_cluster_kernel(r
     // 1 in 16 positions was sampled: rank (2k + 512) / 16 of the sample (the margin keeps the
     // sample's error, about sqrt(rank), from missing k, for small k too).
     const uint32_t rank = (2u * k + 512u + kSampleEvery - 1u) / kSampleEvery;
-    cluster_choose(sh.hist[0], C, rank, sh, &digit, &above, &count, &total);
+    cluster_choose<kThr>(sh.hist[0], C, rank, sh, &digit, &above, &count, &total);
     if (rank <= total) lo = digit << (32 - kBits);
     span = row_max - lo;  // row_max >= lo: the floor's bin holds sampled keys
     s = shift_for(span);
@@ -270,13 +312,14 @@ __global__ void __launch_bounds__(kThreads, kWide ? 1 : 2) topk_cluster_kernel(r
   // 3. Passes: count the range, choose a bin, narrow the range to it.
   uint32_t need = k, T_lo = 0, T_hi = 0;
   for (;;) {
-    count_range(key_quads, quads, lo, span, s, sh.hist[buf]);
+    count_range<kThr>(key_quads, quads, lo, span, s, sh.hist[buf]);
     hopper::cluster_sync();
     // The other buffer was last read before this barrier: clear it for the next pass (the
     // choice's block barriers order the clear before any count).
-    reinterpret_cast<uint4*>(sh.hist[buf ^ 1])[tid] = make_uint4(0u, 0u, 0u, 0u);
-    reinterpret_cast<uint4*>(sh.hist[buf ^ 1])[tid + kThreads] = make_uint4(0u, 0u, 0u, 0u);
-    cluster_choose(sh.hist[buf], C, need, sh, &digit, &above, &count, &total);
+#pragma unroll
+    for (int i = 0; i < 1024 / kThr; ++i)
+      reinterpret_cast<uint4*>(sh.hist[buf ^ 1])[tid + i * kThr] = make_uint4(0u, 0u, 0u, 0u);
+    cluster_choose<kThr>(sh.hist[buf], C, need, sh, &digit, &above, &count, &total);
     buf ^= 1;
     if (total < need) {
       // Fewer than k keys reached the floor (only the first pass can miss; every CTA sees the
@@ -304,22 +347,22 @@ __global__ void __launch_bounds__(kThreads, kWide ? 1 : 2) topk_cluster_kernel(r
 
   // 4. Ranks in position order: thread t owns chunk positions [t * m, t * m + m). Bit i of
   // in (keys above T_hi) and tie (keys in [T_lo, T_hi]) is the thread's i-th position.
-  uint32_t in_w[kMaxKeys / 32] = {}, tie_w[kMaxKeys / 32] = {};
+  uint32_t in = 0, tie = 0;
 #pragma unroll
-  for (int q = 0; q < kMaxKeys / 4; ++q) {
+  for (int q = 0; q < kMaxPerThread / 4; ++q) {
     if (q < tq) {
       const uint4 v = key_quads[tid * tq + ((q + tid) & (tq - 1))];
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        in_w[q / 8] |= static_cast<uint32_t>(w[e] > T_hi) << ((q % 8) * 4 + e);
-        tie_w[q / 8] |= static_cast<uint32_t>(w[e] - T_lo <= t_span) << ((q % 8) * 4 + e);
+        in |= static_cast<uint32_t>(w[e] > T_hi) << (q * 4 + e);
+        tie |= static_cast<uint32_t>(w[e] - T_lo <= t_span) << (q * 4 + e);
       }
     }
   }
-  const uint32_t n_in = __popc(in_w[0]) + __popc(in_w[1]), n_tie = __popc(tie_w[0]) + __popc(tie_w[1]);
+  const uint32_t n_in = __popc(in), n_tie = __popc(tie);
   uint32_t cta_total;
-  const uint32_t before = radix::block_exclusive_scan((n_in << 16) | n_tie, sh.scan, &cta_total);
+  const uint32_t before = block_scan<kThr>((n_in << 16) | n_tie, sh, &cta_total);
   if (tid < static_cast<int>(C)) {
     uint32_t* slot = hopper::cluster_peer(&sh.totals[c][0], static_cast<uint32_t>(tid));
     slot[0] = cta_total >> 16;
@@ -333,20 +376,19 @@ __global__ void __launch_bounds__(kThreads, kWide ? 1 : 2) topk_cluster_kernel(r
   }
   // Ties past the row's first need_eq are dropped; the rest keep position order.
   uint32_t slot = in_before + (tie_before < need_eq ? tie_before : need_eq);
-  uint64_t tie = (static_cast<uint64_t>(tie_w[1]) << 32) | tie_w[0];
   const uint32_t ties_left = tie_before < need_eq ? need_eq - tie_before : 0u;
   if (ties_left < n_tie) {  // keep the lowest ties_left tie bits
-    uint64_t keep = 0, t = tie;
+    uint32_t keep = 0, t = tie;
     for (uint32_t i = 0; i < ties_left; ++i) {
-      keep |= t & (~t + 1);  // lowest set bit
+      keep |= t & (0u - t);  // lowest set bit
       t &= t - 1;
     }
     tie = keep;
   }
-  uint64_t take = ((static_cast<uint64_t>(in_w[1]) << 32) | in_w[0]) | tie;
+  uint32_t take = in | tie;
   const int p0 = first + tid * m;
   while (take != 0) {
-    const int i = __ffsll(static_cast<long long>(take)) - 1;
+    const int i = __ffs(static_cast<int>(take)) - 1;
     take &= take - 1;
     const int p = p0 + i;
     idx[slot] = p;
