@@ -91,7 +91,7 @@ struct Args {
   int64_t rows_per_block, row_blocks;
   int64_t tiles;                 // key tiles of the key space (flat: ceil(N / 64); paged: max_blocks)
   int64_t chunk_tiles, chunks;   // key chunks of a row block
-  int64_t items;                 // row_blocks * chunks
+  int64_t items;                 // row_blocks * chunks (< 2^31: plan_chunks; the kernel counts items in int32)
 };
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -422,8 +422,8 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
       hopper::prefetch_tensor_map(&smap);
     }
     uint32_t g = 0;
-    for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
-      const int64_t rb = item % a.row_blocks, chunk = item / a.row_blocks;
+    for (int32_t item = blockIdx.x; item < static_cast<int32_t>(a.items); item += gridDim.x) {
+      const int32_t rb = item % static_cast<int32_t>(a.row_blocks), chunk = item / static_cast<int32_t>(a.row_blocks);
       const int64_t row0 = rb * a.rows_per_block;
       const int nrows = static_cast<int>(imin(a.rows_per_block, a.rows - row0));
       auto get = [&](int i) { return keys.row(row0 + i, a.col_offset, a.width); };
@@ -488,9 +488,9 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
   if constexpr (kOverlap)
     if (cw == 1) turn_pass(1);
   uint32_t g = 0;
-  for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
-    const int64_t rb = item % a.row_blocks, chunk = item / a.row_blocks;
-    const int64_t row0 = rb * a.rows_per_block;
+  for (int32_t item = blockIdx.x; item < static_cast<int32_t>(a.items); item += gridDim.x) {
+    const int32_t rb = item % static_cast<int32_t>(a.row_blocks), chunk = item / static_cast<int32_t>(a.row_blocks);
+    const int64_t row0 = static_cast<int64_t>(rb) * a.rows_per_block;
     const int nrows = static_cast<int>(imin(a.rows_per_block, a.rows - row0));
     consumer_sync<kCons>();  // every consumer is done with the previous item's q, weights, rows
     if (ctid < kRows) rows_s[ctid] = row_out(a, row0 + ctid, ctid < nrows ? keys.row(row0 + ctid, a.col_offset, a.width) : clip_row(0, 0, 0, -2));

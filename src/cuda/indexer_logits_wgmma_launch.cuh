@@ -56,7 +56,7 @@ inline void plan_chunks(Args* a, int sms) {
   // The smallest c of least cost over [1, max_c]. Waves never fall as c grows, so among the c
   // that share one tiles-per-chunk value the smallest costs least: only those are visited
   // (about 2 sqrt(tiles) of them instead of every c; the same answer, on every launch).
-  for (int64_t c = 1; c <= max_c;) {
+  for (int64_t c = 1; c <= max_c && a->row_blocks * c <= 0x7fffffffLL;) {  // items fit int32 (rows do)
     const int64_t per = ceil_div(a->tiles, c);
     const int64_t waves = ceil_div(a->row_blocks * c, sms);
     const double cost = static_cast<double>(waves) * (static_cast<double>(per) + kItemOverhead);
