@@ -83,20 +83,29 @@ int64_t cluster_keys(int64_t W, int64_t C) {
   return m;
 }
 
-template <class T>
-const void* cluster_kernel(int64_t m) {
-  namespace c = topk_cluster;
-  return m == c::kMaxKeys ? reinterpret_cast<const void*>(&c::topk_cluster_kernel<T, c::kWideThreads>)
-                          : reinterpret_cast<const void*>(&c::topk_cluster_kernel<T, c::kThreads>);
+// DSA_CUDA_TOPK_WIDE=1024: chunks of 64 keys a thread run as 1024 threads of 32 (the
+// cluster kernel's round-6 form, opt-in until it is measured; topk_cluster_kernels.cuh).
+bool wide1024_forced() {
+  const char* v = std::getenv("DSA_CUDA_TOPK_WIDE");
+  return v != nullptr && std::strcmp(v, "1024") == 0;
 }
 
-// Both forms of the cluster kernel take up to keys_bytes(kMaxKeys) of dynamic shared memory
-// (ids kId and kId + 10: the smem_opt_in ids of the dtype's cluster kernels).
+template <class T>
+const void* cluster_kernel(int64_t m, bool wide1024) {
+  namespace c = topk_cluster;
+  if (m != c::kMaxKeys) return reinterpret_cast<const void*>(&c::topk_cluster_kernel<T, c::kThreads, 32>);
+  return wide1024 ? reinterpret_cast<const void*>(&c::topk_cluster_kernel<T, c::kWideThreads, 32>)
+                  : reinterpret_cast<const void*>(&c::topk_cluster_kernel<T, c::kThreads, 64>);
+}
+
+// Every form of the cluster kernel takes up to keys_bytes(kMaxKeys) of dynamic shared memory
+// (ids kId, kId + 10 and kId + 20: the smem_opt_in ids of the dtype's cluster kernels).
 template <class T, int kId>
 bool cluster_opt_in() {
   const int bytes = topk_cluster::keys_bytes(topk_cluster::kMaxKeys);
-  return smem_opt_in<kId>(cluster_kernel<T>(topk_cluster::kMaxKeys), bytes) &&
-         smem_opt_in<kId + 10>(cluster_kernel<T>(topk_cluster::kMaxKeys / 2), bytes);
+  return smem_opt_in<kId>(cluster_kernel<T>(topk_cluster::kMaxKeys, false), bytes) &&
+         smem_opt_in<kId + 10>(cluster_kernel<T>(topk_cluster::kMaxKeys / 2, false), bytes) &&
+         smem_opt_in<kId + 20>(cluster_kernel<T>(topk_cluster::kMaxKeys, true), bytes);
 }
 
 // The launch configuration of M rows in clusters of C CTAs with m keys a thread (the attribute
@@ -104,9 +113,9 @@ bool cluster_opt_in() {
 struct ClusterLaunch {
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1] = {};
-  ClusterLaunch(int64_t M, int64_t C, int64_t m, cudaStream_t s) {
+  ClusterLaunch(int64_t M, int64_t C, int64_t m, bool wide1024, cudaStream_t s) {
     cfg.gridDim = dim3(static_cast<unsigned>(M * C));
-    cfg.blockDim = dim3(static_cast<unsigned>(topk_cluster::block_threads(static_cast<int>(m))));
+    cfg.blockDim = dim3(static_cast<unsigned>(topk_cluster::block_threads(static_cast<int>(m), wide1024)));
     cfg.dynamicSmemBytes = static_cast<size_t>(topk_cluster::keys_bytes(static_cast<int>(m)));
     cfg.stream = s;
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -121,23 +130,25 @@ struct ClusterLaunch {
 };
 
 // Clusters of C CTAs with m keys a thread that fit on the current device at once; 0 when the
-// runtime refuses the configuration. Cached per (device, dtype, C, m): a host query per shape.
+// runtime refuses the configuration. Cached per (device, dtype, C, m, form): a host query per
+// shape.
 template <class T, int kId>
 int64_t clusters_at_once(int64_t C, int64_t m) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int64_t, int64_t>, int64_t> cache;
+  static std::map<std::tuple<int, int64_t, int64_t, bool>, int64_t> cache;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  const auto key = std::make_tuple(device, C, m);
+  const bool wide1024 = wide1024_forced();
+  const auto key = std::make_tuple(device, C, m, wide1024);
   {
     std::lock_guard<std::mutex> lock(mu);
     const auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
   if (!cluster_opt_in<T, kId>()) return 0;
-  const ClusterLaunch launch(64, C, m, nullptr);
+  const ClusterLaunch launch(64, C, m, wide1024, nullptr);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, cluster_kernel<T>(m), &launch.cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, cluster_kernel<T>(m, wide1024), &launch.cfg) != cudaSuccess) {
     (void)cudaGetLastError();
     n = 0;
   }
@@ -250,11 +261,12 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   if (sp.path == Path::kCluster) {
     if (M * sp.segs > 0x7fffffffLL) return StatusCode::kUnsupported;
     const int64_t m = sp.seg / topk_cluster::kThreads;
-    const ClusterLaunch launch(M, sp.segs, m, s);
+    const bool wide1024 = m == topk_cluster::kMaxKeys && wide1024_forced();
+    const ClusterLaunch launch(M, sp.segs, m, wide1024, s);
     if (!cluster_opt_in<T, kId + 4>()) return StatusCode::kDeviceError;
-    note_kernel("topk.cluster");
+    note_kernel(wide1024 ? "topk.cluster_1024" : "topk.cluster");
     void* args[] = {&a};
-    if (cudaLaunchKernelExC(&launch.cfg, cluster_kernel<T>(m), args) != cudaSuccess) {
+    if (cudaLaunchKernelExC(&launch.cfg, cluster_kernel<T>(m, wide1024), args) != cudaSuccess) {
       (void)cudaGetLastError();  // a refused configuration is this call's error, not a sticky one
       return StatusCode::kDeviceError;
     }
@@ -309,11 +321,14 @@ size_t topk_workspace_size(const TopkParams& p) {
 }
 
 const char* topk_kernel_name(const TopkParams& p) {
-  switch (choose(p).path) {
+  const Split sp = choose(p);
+  switch (sp.path) {
     case Path::kLegacy: return "topk.radix12";
     case Path::kRows: return "topk.stream_rows";
     case Path::kFusedSplit: return "topk.fused_split";
-    case Path::kCluster: return "topk.cluster";
+    case Path::kCluster:
+      return sp.seg == topk_cluster::kMaxKeys * topk_cluster::kThreads && wide1024_forced() ? "topk.cluster_1024"
+                                                                                              : "topk.cluster";
     default: return "topk.stream_split";
   }
 }

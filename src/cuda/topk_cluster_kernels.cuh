@@ -27,6 +27,8 @@
 // No candidate list and no workspace: every input takes an exact path, and the answer is a
 // function of the input only, so reruns are bit-identical.
 #pragma once
+#include <type_traits>
+
 #include "cuda/hopper/hopper.cuh"
 #include "cuda/topk_radix_kernels.cuh"
 
@@ -37,33 +39,41 @@ namespace topk_cluster {
 namespace radix = topk_radix;
 
 // Chunk sizes are counted in keys a thread of a 512-thread CTA, m = 8, 16, 32 or 64 (chunk
-// 512 m). The 64 form (one CTA an SM: its keys take 128 KiB) runs 1024 threads of 32 keys:
-// twice the warps to hide each phase's latencies, at the same 64 registers a thread.
+// 512 m). Three forms (kernel template <T, kThr, kMaxPer>: block size, keys a thread at most):
+//  <512, 32>: m <= 32, two CTAs an SM, 64 registers;
+//  <512, 64>: m = 64 (one CTA an SM: its keys take 128 KiB), up to 128 registers, every 16-byte
+//             load of the chunk in flight at once (the default: measured in docs/perf.md round 5);
+//  <1024, 32>: the same chunk as 1024 threads of 32 keys, twice the warps to hide each phase's
+//             latencies at 64 registers a thread (DSA_CUDA_TOPK_WIDE=1024; round 6, opt-in
+//             until it is measured on the H200).
 constexpr int kThreads = 512;
 constexpr int kMaxKeys = 64;  // m: shared memory holds 4 bytes a key
 constexpr int kWideThreads = 1024;
-constexpr int kMaxPerThread = 32;  // keys a thread of either form
-constexpr int kMaxCtas = 8;        // portable cluster size
+constexpr int kMaxCtas = 8;   // portable cluster size
 constexpr int64_t kMaxWidth = static_cast<int64_t>(kThreads) * kMaxKeys * kMaxCtas;  // 262144
 constexpr int kBits = 12, kBins = 1 << kBits;
 constexpr int kSampleEvery = 16;  // chunk positions p with p % 16 == 0
 static_assert(kThreads == radix::kThreads, "identity_row strides by the streaming kernels' block size");
 
-// Dynamic shared memory for a chunk of 512 m keys; the block size of that chunk.
+// Dynamic shared memory for a chunk of 512 m keys; the block size of that chunk (wide1024:
+// the 1024-thread form of m = 64).
 __host__ __device__ constexpr int keys_bytes(int m) { return kThreads * m * 4; }
-__host__ __device__ constexpr int block_threads(int m) { return m == kMaxKeys ? kWideThreads : kThreads; }
+__host__ __device__ constexpr int block_threads(int m, bool wide1024) { return m == kMaxKeys && wide1024 ? kWideThreads : kThreads; }
 
 struct Shared {
   uint32_t hist[2][kBins];        // u32 bins: the address is the bin (packed halves cost 7 more instructions a count)
   uint32_t totals[kMaxCtas][2];   // (keys above the range, keys in it) of CTA r's chunk, written by CTA r
-  uint32_t warp_sums[kWideThreads / kWarp];  // the block scan's
+  radix::Shared scan;             // the streaming kernels' block scan (512-thread forms)
+  uint32_t warp_sums[kWideThreads / kWarp];  // block_scan's (the 1024-thread form)
   uint32_t digit, above, count;   // cluster_choose's answer
   uint32_t cta_max;               // this chunk's largest key
 };
 
-// Exclusive prefix sum over a block of kThr threads (all call); *total gets the sum.
+// Exclusive prefix sum over a block of kThr threads (all call); *total gets the sum. 512
+// threads: the streaming kernels' scan (the measured forms); 1024: a two-level warp scan.
 template <int kThr>
 __device__ __forceinline__ uint32_t block_scan(uint32_t v, Shared& sh, uint32_t* total) {
+  if constexpr (kThr == radix::kThreads) return radix::block_exclusive_scan(v, sh.scan, total);
   constexpr int kWarps = kThr / kWarp;
   static_assert(kWarps <= kWarp, "one warp scans the warp sums");
   const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp;
@@ -105,6 +115,12 @@ __device__ __forceinline__ uint32_t key_of(uint32_t u) {
 __device__ __forceinline__ uint32_t shift_for(uint32_t span) {
   return span < static_cast<uint32_t>(kBins) ? 0u : static_cast<uint32_t>(32 - __clz(span)) - kBits;
 }
+
+// Bit counts and the lowest set bit of a position mask (32 or 64 positions).
+__device__ __forceinline__ uint32_t popc(uint32_t v) { return static_cast<uint32_t>(__popc(v)); }
+__device__ __forceinline__ uint32_t popc(uint64_t v) { return static_cast<uint32_t>(__popcll(static_cast<unsigned long long>(v))); }
+__device__ __forceinline__ int lowest_bit(uint32_t v) { return __ffs(static_cast<int>(v)) - 1; }
+__device__ __forceinline__ int lowest_bit(uint64_t v) { return __ffsll(static_cast<long long>(v)) - 1; }
 
 // Where quad Q of the chunk (positions 4Q..4Q+3) lives in shared memory. Thread t owns quads
 // [t * tq, t * tq + tq) (tq = m / 4 = 1 << lt) for the ranking; its quad q sits at slot
@@ -199,12 +215,14 @@ __device__ __forceinline__ void count_range(const uint4* keys, int quads, uint32
   }
 }
 
-// Launch: grid M * C blocks of kThr = block_threads(m) threads in clusters of C (a.segs = C,
-// a.seg = 512 * m, the chunk, m a power of two in [8, kMaxKeys]); dynamic shared memory
-// keys_bytes(m). Row r is cluster r. Rows of L <= k get the identity from the cluster's first
-// CTA. Every thread holds chunk / kThr <= 32 keys; two 512-thread CTAs fit an SM, one of 1024.
-template <class T, int kThr>
-__global__ void __launch_bounds__(kThr, kThr == kThreads ? 2 : 1) topk_cluster_kernel(radix::Args a) {
+// Launch: grid M * C blocks of kThr threads in clusters of C (a.segs = C, a.seg = 512 * m, the
+// chunk, m a power of two in [8, kMaxKeys]; chunk / kThr <= kMaxPer keys a thread, the forms
+// above); dynamic shared memory keys_bytes(m). Row r is cluster r. Rows of L <= k get the
+// identity from the cluster's first CTA.
+template <class T, int kThr, int kMaxPer>
+__global__ void __launch_bounds__(kThr, kThr == kThreads && kMaxPer <= 32 ? 2 : 1) topk_cluster_kernel(radix::Args a) {
+  static_assert(kMaxPer == 32 || (kMaxPer == 64 && kThr == kThreads), "the three forms");
+  using Mask = typename std::conditional<kMaxPer == 64, uint64_t, uint32_t>::type;  // a bit per position owned
 #if __CUDA_ARCH__ >= 900
   __shared__ __align__(16) Shared sh;
   extern __shared__ uint4 key_quads[];  // the chunk's keys, 4 a quad, quad Q at quad_slot(Q)
@@ -248,13 +266,13 @@ __global__ void __launch_bounds__(kThr, kThr == kThreads ? 2 : 1) topk_cluster_k
     for (int h = 0; h < kPer / 4; ++h)
       key_quads[quad_slot(v * (kPer / 4) + h, lt)] = make_uint4(key[4 * h], key[4 * h + 1], key[4 * h + 2], key[4 * h + 3]);
   };
-  constexpr int kBatch = kMaxPerThread / 4;  // 16-byte loads in flight a thread: all of an f32 chunk's
+  constexpr int kBatch = kMaxPer / 4;  // 16-byte loads in flight a thread: all of an f32 chunk's
   const int loads = chunk / kPer;
   if (whole) {
     // What the first batch does not cover is asked of the copy engine into L2 now, so the
     // later batches find it there. As launched one batch holds the thread's loads, so this
     // never fires; without it ptxas allocates differently (12 bytes of spills at 64 registers,
-    // in the 512-thread form, against none), so it stays until that form is measured.
+    // 119 registers for <512, 64>, against 0 and 104), so it stays until that form is measured.
     const int batch_keys = kBatch * kThr * kPer;
     if (tid == 0 && chunk > batch_keys) hopper::prefetch_l2_bulk(x + first + batch_keys, (chunk - batch_keys) * sizeof(T));
     for (int v0 = 0; v0 < loads; v0 += kBatch * kThr) {
@@ -347,20 +365,20 @@ __global__ void __launch_bounds__(kThr, kThr == kThreads ? 2 : 1) topk_cluster_k
 
   // 4. Ranks in position order: thread t owns chunk positions [t * m, t * m + m). Bit i of
   // in (keys above T_hi) and tie (keys in [T_lo, T_hi]) is the thread's i-th position.
-  uint32_t in = 0, tie = 0;
+  Mask in = 0, tie = 0;
 #pragma unroll
-  for (int q = 0; q < kMaxPerThread / 4; ++q) {
+  for (int q = 0; q < kMaxPer / 4; ++q) {
     if (q < tq) {
       const uint4 v = key_quads[tid * tq + ((q + tid) & (tq - 1))];
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        in |= static_cast<uint32_t>(w[e] > T_hi) << (q * 4 + e);
-        tie |= static_cast<uint32_t>(w[e] - T_lo <= t_span) << (q * 4 + e);
+        in |= static_cast<Mask>(w[e] > T_hi) << (q * 4 + e);
+        tie |= static_cast<Mask>(w[e] - T_lo <= t_span) << (q * 4 + e);
       }
     }
   }
-  const uint32_t n_in = __popc(in), n_tie = __popc(tie);
+  const uint32_t n_in = popc(in), n_tie = popc(tie);
   uint32_t cta_total;
   const uint32_t before = block_scan<kThr>((n_in << 16) | n_tie, sh, &cta_total);
   if (tid < static_cast<int>(C)) {
@@ -378,17 +396,17 @@ __global__ void __launch_bounds__(kThr, kThr == kThreads ? 2 : 1) topk_cluster_k
   uint32_t slot = in_before + (tie_before < need_eq ? tie_before : need_eq);
   const uint32_t ties_left = tie_before < need_eq ? need_eq - tie_before : 0u;
   if (ties_left < n_tie) {  // keep the lowest ties_left tie bits
-    uint32_t keep = 0, t = tie;
+    Mask keep = 0, t = tie;
     for (uint32_t i = 0; i < ties_left; ++i) {
-      keep |= t & (0u - t);  // lowest set bit
+      keep |= t & (Mask{0} - t);  // lowest set bit
       t &= t - 1;
     }
     tie = keep;
   }
-  uint32_t take = in | tie;
+  Mask take = in | tie;
   const int p0 = first + tid * m;
   while (take != 0) {
-    const int i = __ffs(static_cast<int>(take)) - 1;
+    const int i = lowest_bit(take);
     take &= take - 1;
     const int p = p0 + i;
     idx[slot] = p;

@@ -522,6 +522,52 @@ TEST(GpuTopk, ClusterWithoutTheFloorMatches) {
   EXPECT_EQ(run_topk(x, 2, 100000, 16384, {100000, 99999}, {100000, 99999}, true), "topk.cluster");
 }
 
+// DSA_CUDA_TOPK_WIDE=1024 (opt-in until measured): the cluster kernel's 64-key chunks as 1024
+// threads of 32 keys. Forced to chunks of 64 keys a thread (2 CTAs a row at 65536 keys, 8 at
+// 262144): lengths around k at k 64 / 2048 / 16384, ties, specials, bf16, one-bucket floods, a
+// sample miss (the fallback counter moves), many rows; reruns bit-identical (run_topk).
+TEST(GpuTopk, ClusterAt1024ThreadsMatches) {
+  DSA_REQUIRE_GPU();
+  if (!device_is_sm90()) GTEST_SKIP() << "the cluster kernel runs on sm_90 only";
+  ScopedTopkKernel force("cluster");
+  struct ScopedEnv {
+    const char* name;
+    ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+    ~ScopedEnv() { unsetenv(name); }
+  } wide("DSA_CUDA_TOPK_WIDE", "1024");
+  const std::string name = "topk.cluster_1024";
+  Rng rng(45);
+  {
+    ScopedEnv ctas("DSA_CUDA_TOPK_CTAS", "2");
+    const int64_t W = 65536;
+    for (int64_t k : {64, 2048, 16384}) {
+      const int32_t kk = static_cast<int32_t>(k);
+      const std::vector<int32_t> len = {65536, 0, 1, kk - 1, kk, kk + 1, 65535, 32771, 16385, 40000};
+      const int64_t M = static_cast<int64_t>(len.size());
+      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kNormal), name) << k;
+      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kFewLevels, false), name) << k;
+      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kSpecials, true, true), name) << k;
+    }
+    std::vector<float> x = adversarial_rows(rng, W);
+    const int64_t M = static_cast<int64_t>(x.size()) / W;
+    const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(W));
+    EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true), name);
+    EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true, true), name);
+    // Sampled positions hold every row's largest values: the first pass is counted again.
+    std::vector<float> miss(static_cast<size_t>(4 * W));
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t j = 0; j < W; ++j) miss[i * W + j] = j % 16 == 0 ? 1000.f + static_cast<float>(j % 4096) : rng.normal();
+    const std::vector<int32_t> mlen = {65536, 65531, 40000, 20000};
+    const unsigned long long before = fallbacks();
+    EXPECT_EQ(run_topk(miss, 4, W, 2048, mlen, mlen, true), name);
+    EXPECT_GT(fallbacks(), before);
+    EXPECT_EQ(run_topk_same(rng, 300, W, 2048, std::vector<int32_t>(300, 65536), Fill::kNormal, false), name);
+  }
+  const std::vector<int32_t> wide_len = {262144, 262143, 200000, 131073, 2049};
+  EXPECT_EQ(run_topk_same(rng, 5, 262144, 2048, wide_len, Fill::kNormal), name);
+  EXPECT_EQ(run_topk_same(rng, 5, 262144, 16384, wide_len, Fill::kFewLevels, true, true), name);
+}
+
 // The default choice: the benchmark's decode-like shape (64 rows of 65536) takes the cluster
 // kernel on sm_90, every row a different length class; many rows stream a row per block.
 TEST(GpuTopk, FewRowsTakeTheClusterKernel) {
