@@ -524,7 +524,7 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
     // (2 a group; kNW / 8 groups in all), the rest read per tile from shared memory. Each
     // group read per tile is one shared-memory wavefront a warp beside the wgmma operand reads;
     // the registers are what the 112-register consumers spill (ptxas: 8 bytes a group).
-    constexpr bool kGateRegs = kCons == 4 && kEpilogue && kGateGroups > 0;
+    constexpr bool kGateRegs = kEpilogue && kGateGroups > 0;
     constexpr int kRegGroups = kGateRegs ? (kGateGroups < kNW / 8 ? kGateGroups : kNW / 8) : 1;
     float gr[2 * kRegGroups];
     if constexpr (kGateRegs) {
@@ -624,11 +624,11 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
           turn_pass(cw);
           hopper::wgmma_wait<1>();  // half A done; half B may still run
           hopper::fence_regs(accA);
-          epilogue_rows<kHeads, 0, kHalfRows>(accA, gate, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
+          epilogue_rows<kHeads, 0, kHalfRows>(accA, half_gate, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
           hopper::wgmma_wait<0>();
           hopper::fence_regs(accB);
           release(s);
-          epilogue_rows<kHeads, kHalfRows, kHalfRows>(accB, gate,
+          epilogue_rows<kHeads, kHalfRows, kHalfRows>(accB, half_gate,
                                                       [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
         }
       }

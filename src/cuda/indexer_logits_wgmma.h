@@ -21,8 +21,9 @@ enum class RowsForm { kFourWg, kOverlap, kSerial };
 StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, RowsForm form, bool* served);
 const char* rows_kernel_name(bool paged, RowsForm form);
 // DSA_CUDA_LOGITS_GATES=8|16 (an A/B hook, docs/perf.md round 6): the flat four-consumer form
-// keeps that many 8-column gate groups of each thread in registers instead
-// of reading them per tile from shared memory; 0 (unset, other values): none.
+// keeps that many 8-column gate groups of each thread in registers instead of reading them per
+// tile from shared memory, the flat two-consumer forms 16 of their 32 (kernel names end
+// "_gates8" / "_gates16"); 0 (unset, other values): none.
 int flat_gate_groups();
 // The form of the paged decode blocks (next_n <= 4, N = next_n x heads columns):
 //  kSerial:  one CTA per SM, two consumer warpgroups, each one tile at a time (the first form);

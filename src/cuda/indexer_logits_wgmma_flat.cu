@@ -37,8 +37,15 @@ StatusCode launch_flat_heads(Args a, const FlatKeys& keys, const CUtensorMap& ma
   a.rows_per_block = prefill_rows(kHeads);
   if constexpr (kHeads > 16)
     if (mma_only) return launch_kernel<FlatKeys, kHeads, prefill_rows(kHeads), false>(a, keys, map, smap, s);
-  if (form == RowsForm::kOverlap)  // the epilogue under the tensor cores (round 3)
+  // DSA_CUDA_LOGITS_GATES (any of 8, 16) in the two-consumer forms: 16 of their 32 gate
+  // groups a thread in registers (ptxas: no spills at 224 registers; 20 and more spill).
+  if (form == RowsForm::kOverlap) {  // the epilogue under the tensor cores (round 3)
+    if (flat_gate_groups() > 0)
+      return launch_kernel<FlatKeys, kHeads, prefill_rows(kHeads), true, true, 1, 2, 16>(a, keys, map, smap, s);
     return launch_kernel<FlatKeys, kHeads, prefill_rows(kHeads), true, true>(a, keys, map, smap, s);
+  }
+  if (flat_gate_groups() > 0)
+    return launch_kernel<FlatKeys, kHeads, prefill_rows(kHeads), true, false, 1, 2, 16>(a, keys, map, smap, s);
   return launch_kernel<FlatKeys, kHeads, prefill_rows(kHeads), true>(a, keys, map, smap, s);
 }
 
@@ -93,8 +100,12 @@ const char* rows_kernel_name(bool paged, RowsForm form) {
         case 16: return "indexer_logits.wgmma_fp8_4wg_gates16";
         default: return "indexer_logits.wgmma_fp8_4wg";
       }
-    case RowsForm::kOverlap: return paged ? "indexer_logits_paged.wgmma_fp8_rows_overlap" : "indexer_logits.wgmma_fp8_overlap";
-    default: return paged ? "indexer_logits_paged.wgmma_fp8_rows" : "indexer_logits.wgmma_fp8";
+    case RowsForm::kOverlap:
+      if (paged) return "indexer_logits_paged.wgmma_fp8_rows_overlap";
+      return flat_gate_groups() > 0 ? "indexer_logits.wgmma_fp8_overlap_gates16" : "indexer_logits.wgmma_fp8_overlap";
+    default:
+      if (paged) return "indexer_logits_paged.wgmma_fp8_rows";
+      return flat_gate_groups() > 0 ? "indexer_logits.wgmma_fp8_gates16" : "indexer_logits.wgmma_fp8";
   }
 }
 

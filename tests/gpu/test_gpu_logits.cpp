@@ -49,11 +49,12 @@ std::string expected_rows_kernel(bool paged) {
   const std::string form = v == nullptr ? "" : v;
   if (form == "mma" || form == "simt" || form == "wgmma_mma_only") return "";
   const std::string base = paged ? "indexer_logits_paged.wgmma_fp8_rows" : "indexer_logits.wgmma_fp8";
-  if (form == "wgmma_overlap") return base + "_overlap";
-  if (form == "wgmma_serial") return base;
   const char* g = std::getenv("DSA_CUDA_LOGITS_GATES");
   const std::string gates = g == nullptr ? "" : g;
-  if (!paged && (gates == "8" || gates == "16")) return base + "_4wg_gates" + gates;
+  const bool held = !paged && (gates == "8" || gates == "16");  // flat forms with gates in registers
+  if (form == "wgmma_overlap") return base + (held ? "_overlap_gates16" : "_overlap");
+  if (form == "wgmma_serial") return base + (held ? "_gates16" : "");
+  if (held) return base + "_4wg_gates" + gates;
   return base + "_4wg";
 }
 
@@ -1059,22 +1060,27 @@ TEST(GpuLogits, WgmmaTwoConsumerFormsMatchOracle) {
   }
 }
 
-// The flat four-consumer form with 8 or 16 gate groups a thread in registers
-// (DSA_CUDA_LOGITS_GATES, an A/B hook of docs/perf.md round 6) on the default form's oracle
-// tests: tile edges, a 128K-key row, prefix-cached ragged rows, each rerun bit-identical.
+// The flat forms with gates in registers (DSA_CUDA_LOGITS_GATES, an A/B hook of docs/perf.md
+// round 6: 8 or 16 groups a thread in the four-consumer form, 16 in the two-consumer forms) on
+// the default form's oracle tests: tile edges, a 128K-key row, prefix-cached ragged rows, each
+// rerun bit-identical; the kernel name says which form ran (the tile-edge cases check it).
 TEST(GpuLogits, WgmmaGateRegisterFormsMatchOracle) {
   DSA_REQUIRE_GPU();
   if (!device_is_sm90()) GTEST_SKIP() << "the wgmma kernel runs on sm_90a only";
-  for (const char* gates : {"8", "16"}) {
-    SCOPED_TRACE(std::string("DSA_CUDA_LOGITS_GATES=") + gates);
-    setenv("DSA_CUDA_LOGITS_GATES", gates, 1);
-    wgmma_flat_tile_edges();
-    if (!::testing::Test::HasFailure()) {
-      run_flat(FlatCase{64, {131072}, {2}, 131072, 0}, 333);
-      run_flat(FlatCase{32, {500, 129, 77}, {40, 129, 5}, 512, 0}, 302);
+  for (const char* form : {"wgmma_4wg", "wgmma_serial", "wgmma_overlap"}) {
+    for (const char* gates : {"8", "16"}) {
+      if (std::string(form) != "wgmma_4wg" && std::string(gates) == "8") continue;  // the same kernel as 16
+      SCOPED_TRACE(std::string(form) + " DSA_CUDA_LOGITS_GATES=" + gates);
+      ScopedLogitsKernel force(form);
+      setenv("DSA_CUDA_LOGITS_GATES", gates, 1);
+      wgmma_flat_tile_edges();
+      if (!::testing::Test::HasFailure()) {
+        run_flat(FlatCase{64, {131072}, {2}, 131072, 0}, 333);
+        run_flat(FlatCase{32, {500, 129, 77}, {40, 129, 5}, 512, 0}, 302);
+      }
+      unsetenv("DSA_CUDA_LOGITS_GATES");
+      if (::testing::Test::HasFailure()) return;
     }
-    unsetenv("DSA_CUDA_LOGITS_GATES");
-    if (::testing::Test::HasFailure()) return;
   }
 }
 
