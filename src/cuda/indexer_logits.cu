@@ -12,7 +12,8 @@
 // MMA in halves under the epilogue: the default of rounds 3-4), "wgmma_serial" (two consumers,
 // the epilogue after each tile's MMA). Paged decode blocks: "wgmma_decode_serial" (two
 // consumers, one CTA per SM), "wgmma_decode_2cta" (two CTAs per SM for blocks of next_n x heads
-// <= 64 columns, four consumers above), "wgmma_decode_4wg" (four consumers at every width); see
+// <= 64 columns, four consumers above), "wgmma_decode_4wg" (four consumers at every width),
+// "wgmma_decode_4wg_split" (the same with a copy-issuing warp per consumer group); see
 // logits_wg::RowsForm and logits_wg::DecodeForm. A decode value leaves the row blocks at their
 // default and a row value the decode blocks at theirs.
 #include <cstdlib>
@@ -50,7 +51,7 @@ logits::QArgs q_args(const TensorDesc& q, const TensorDesc& w, const TensorDesc&
 
 enum class Forced {
   kNone, kSimt, kMma, kWgmmaMmaOnly, kWgmma4Wg, kWgmmaOverlap, kWgmmaSerial,
-  kWgmmaDecodeSerial, kWgmmaDecode2Cta, kWgmmaDecode4Wg
+  kWgmmaDecodeSerial, kWgmmaDecode2Cta, kWgmmaDecode4Wg, kWgmmaDecode4WgSplit
 };
 
 // DSA_CUDA_LOGITS (diagnosis on a new device, tests, the bench hook), read once per call (tests
@@ -69,7 +70,8 @@ Forced forced_kernel() {
                 {"wgmma_serial", Forced::kWgmmaSerial},
                 {"wgmma_decode_serial", Forced::kWgmmaDecodeSerial},
                 {"wgmma_decode_2cta", Forced::kWgmmaDecode2Cta},
-                {"wgmma_decode_4wg", Forced::kWgmmaDecode4Wg}};
+                {"wgmma_decode_4wg", Forced::kWgmmaDecode4Wg},
+                {"wgmma_decode_4wg_split", Forced::kWgmmaDecode4WgSplit}};
   for (const auto& n : kNames)
     if (std::strcmp(v, n.name) == 0) return n.f;
   return Forced::kNone;
@@ -83,6 +85,7 @@ logits_wg::DecodeForm decode_form(Forced f) {
   return f == Forced::kWgmmaDecodeSerial ? logits_wg::DecodeForm::kSerial
          : f == Forced::kWgmmaDecode2Cta ? logits_wg::DecodeForm::kTwoCtas
          : f == Forced::kWgmmaDecode4Wg  ? logits_wg::DecodeForm::kFourWg
+         : f == Forced::kWgmmaDecode4WgSplit ? logits_wg::DecodeForm::kFourWgSplit
                                          : logits_wg::DecodeForm::kDefault;
 }
 bool wgmma_allowed(int64_t heads, Forced f) {

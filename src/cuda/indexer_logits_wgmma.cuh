@@ -358,8 +358,12 @@ struct Smem {
 // overlaps the tensor cores (DSA_CUDA_LOGITS=wgmma_overlap; prefill row blocks).
 // kCtas: CTAs per SM (2: decode blocks of N <= kDecodeMaxN2, see stages_of).
 // kCons: consumer warpgroups (2, or 4 for blocks of N <= kMaxN4; see threads_of).
+// kGateGroups: gate groups a consumer thread keeps in registers (an A/B hook; see half_gate).
+// kSplitProducer: one issuing producer warp per consumer group instead of one for all (an A/B
+// hook of the decode blocks, docs/perf.md round 6: DeepGEMM's paged kernel gives each math
+// warpgroup its own copy warp; a warp then waits only on its own group's stages).
 template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1, int kCons = 2,
-          int kGateGroups = 0>
+          int kGateGroups = 0, bool kSplitProducer = false>
 __global__ void __launch_bounds__(threads_of(kCons), kCtas)
     logits_wgmma_kernel(const Args a, const Keys keys, const __grid_constant__ CUtensorMap kmap,
                         const __grid_constant__ CUtensorMap smap) {
@@ -376,6 +380,7 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
   constexpr int kNW = kN / kHalves;
   constexpr int kGroups = kCons / kHalves;  // consumer groups taking tiles in turn
   constexpr int kStagesN = stages_of(kCtas, kCons);
+  static_assert(!kSplitProducer || kStagesN % kGroups == 0, "a split producer's stages belong to one group each");
   constexpr int kConsThreads = 128 * kCons;
   using L = Smem<kN, kRows, kStagesN>;
   extern __shared__ uint8_t smem_raw[];
@@ -407,16 +412,22 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
 
   if (wg == 0) {  // ---- producer ----
     hopper::regs_decrease<producer_regs(kCtas, kCons)>();
-    if (tid >= 32) {  // warps 1-3: the -inf columns of rows blockIdx.x + k * gridDim.x
-      if constexpr (kEpilogue)
-        for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) fill_invalid_row(a, keys, r, tid - 32, 96);
+    // Issuing warps: warp 0 for every tile; kSplitProducer: warp w for the tiles of consumer
+    // group w (tile g goes to group g % kGroups, so stage g % kStagesN has one owner).
+    constexpr int kIssuers = kSplitProducer ? kGroups : 1;
+    const int pw = tid / 32;
+    if (pw >= kIssuers) {  // the other warps: the -inf columns of rows blockIdx.x + k * gridDim.x
+      if constexpr (kEpilogue && kIssuers < 4)
+        for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x)
+          fill_invalid_row(a, keys, r, tid - 32 * kIssuers, 128 - 32 * kIssuers);
       return;
     }
-    // Warp 0: lane 0 issues the copies; the warp reads the block table 32 tiles at a time (lane
-    // k the page of tile tb + k), so no copy waits on a dependent global load of its page id (at
-    // ~0.5 us a load, one per 8.4 KB page, a producer moves at most ~17 GB/s; ncu on the H200
-    // showed the decode consumers waiting on their tiles, docs/perf.md round 5).
-    const int lane = tid;
+    // An issuing warp: lane 0 issues the copies; the warp reads the block table 32 tiles at a
+    // time (lane k the page of tile tb + k), so no copy waits on a dependent global load of its
+    // page id (at ~0.5 us a load, one per 8.4 KB page, a producer moves at most ~17 GB/s; ncu on
+    // the H200 showed the decode consumers waiting on their tiles, docs/perf.md round 5).
+    const int lane = kSplitProducer ? tid % 32 : tid;  // (tid: the default forms' code as measured)
+    auto mine = [&](uint32_t gk) { return !kSplitProducer || static_cast<int>(gk % kGroups) == pw; };
     if (lane == 0) {
       hopper::prefetch_tensor_map(&kmap);
       hopper::prefetch_tensor_map(&smap);
@@ -431,6 +442,7 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
         if constexpr (!Keys::kBlockTable) {  // flat keys: lane 0 alone, nothing to look up
           if (lane == 0) {
             for (int32_t t = t0; t < t1; ++t, ++g) {
+              if (!mine(g)) continue;
               const uint32_t s = g % kStagesN, ph = (g / kStagesN) & 1u;
               hopper::mbar_wait_or_trap(&empty[s], ph ^ 1u);
               stage_ok[s] = 1u;
@@ -447,7 +459,7 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
             for (int32_t k = 0; k < nt; ++k) {
               // Page ids fit int32 (the launcher serves at most 2^31 - 1 pages).
               const int32_t blk = __shfl_sync(0xffffffffu, static_cast<int32_t>(my_blk), k);
-              if (lane == 0) {
+              if (lane == 0 && mine(g)) {
                 const uint32_t s = g % kStagesN, ph = (g / kStagesN) & 1u;
                 hopper::mbar_wait_or_trap(&empty[s], ph ^ 1u);
                 const bool ok = (ok_bits >> k) & 1u;
@@ -465,6 +477,8 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
         }
       });
     }
+    if constexpr (kEpilogue && kIssuers == 4)  // no warp was left idle: the -inf columns after the copies
+      for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) fill_invalid_row(a, keys, r, tid, 128);
     return;
   }
 

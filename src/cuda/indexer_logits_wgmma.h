@@ -31,7 +31,9 @@ int flat_gate_groups();
 //  kFourWg:  one CTA per SM, four consumer warpgroups (256 columns as two halves).
 // kDefault: kTwoCtas for N <= 64, kFourWg above (docs/perf.md rounds 4 and 5).
 // decode_kernel_name says which one a call of that shape runs.
-enum class DecodeForm { kDefault, kSerial, kTwoCtas, kFourWg };
+//  kFourWgSplit: kFourWg with one copy-issuing producer warp per consumer group (an A/B
+//            hook of round 6, docs/perf.md; not measured yet).
+enum class DecodeForm { kDefault, kSerial, kTwoCtas, kFourWg, kFourWgSplit };
 StatusCode launch_paged(const IndexerLogitsPagedParams& p, RowsForm rows_form, DecodeForm form, bool* served);
 const char* decode_kernel_name(DecodeForm form, int64_t heads, int64_t next_n);
 

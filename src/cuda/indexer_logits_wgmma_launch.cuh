@@ -75,11 +75,11 @@ inline void plan_chunks(Args* a, int sms) {
 // kCtas > 1: the grid is the CTAs that are resident at once (kCtas per SM where the device
 // holds that many, fewer where it does not: same work split, same arithmetic).
 // kCons: consumer warpgroups (threads_of).
-// kGateGroups: gate groups a consumer keeps in registers (four consumers; logits_wgmma_kernel).
+// kGateGroups, kSplitProducer: A/B hooks of logits_wgmma_kernel.
 template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1, int kCons = 2,
-          int kGateGroups = 0>
+          int kGateGroups = 0, bool kSplitProducer = false>
 StatusCode launch_kernel(Args a, const Keys& keys, const CUtensorMap& map, const CUtensorMap& smap, cudaStream_t s) {
-  auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue, kOverlap, kCtas, kCons, kGateGroups>;
+  auto kern = logits_wgmma_kernel<Keys, kHeads, kRows, kEpilogue, kOverlap, kCtas, kCons, kGateGroups, kSplitProducer>;
   constexpr int kThreadsN = threads_of(kCons);
   constexpr int smem = Smem<kHeads * kRows, kRows, stages_of(kCtas, kCons)>::kAlloc;
   static_assert(kCtas * (smem + 1024) <= 233472, "kCtas CTAs fit one SM's shared memory");

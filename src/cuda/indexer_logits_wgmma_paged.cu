@@ -30,6 +30,8 @@ StatusCode launch_decode(const Args& a, const PagedKeys& keys, const CUtensorMap
   if constexpr (kN <= kDecodeMaxN2)
     if (form == DecodeForm::kTwoCtas) return launch_kernel<PagedKeys, kHeads, kRows, true, false, 2>(a, keys, map, smap, s);
   if (form == DecodeForm::kFourWg) return launch_kernel<PagedKeys, kHeads, kRows, true, false, 1, 4>(a, keys, map, smap, s);
+  if (form == DecodeForm::kFourWgSplit)
+    return launch_kernel<PagedKeys, kHeads, kRows, true, false, 1, 4, 0, true>(a, keys, map, smap, s);
   return launch_kernel<PagedKeys, kHeads, kRows, true>(a, keys, map, smap, s);
 }
 
@@ -59,6 +61,7 @@ const char* decode_kernel_name(DecodeForm form, int64_t heads, int64_t next_n) {
   switch (resolve(form, static_cast<int>(padded_heads(heads) * rows))) {
     case DecodeForm::kTwoCtas: return "indexer_logits_paged.wgmma_fp8_decode_2cta";
     case DecodeForm::kFourWg: return "indexer_logits_paged.wgmma_fp8_decode_4wg";
+    case DecodeForm::kFourWgSplit: return "indexer_logits_paged.wgmma_fp8_decode_4wg_split";
     default: return "indexer_logits_paged.wgmma_fp8_decode";
   }
 }

@@ -70,6 +70,7 @@ std::string expected_decode_kernel(int64_t H, int64_t next_n) {
   const std::string base = "indexer_logits_paged.wgmma_fp8_decode";
   if (form == "wgmma_decode_serial") return base;
   if (form == "wgmma_decode_4wg") return base + "_4wg";
+  if (form == "wgmma_decode_4wg_split") return base + "_4wg_split";
   return base + (n <= 64 ? "_2cta" : "_4wg");
 }
 
@@ -844,7 +845,7 @@ TEST(GpuLogits, WgmmaPagedDecodeSplitContexts) {
 
 // Every form of the Hopper decode blocks (two consumers at one CTA per SM; two CTAs per SM, the
 // default for N <= 64; four consumers, the default above, 256-column blocks as two column
-// halves) on the decode tests' inputs: each against the oracle, named as expected, and
+// halves; four consumers with a copy warp per consumer group) on the decode tests' inputs: each against the oracle, named as expected, and
 // bit-identical to the others (the same per-element MMA and epilogue order; only the consumers
 // per SM and the columns per MMA differ).
 TEST(GpuLogits, WgmmaDecodeFormsAgree) {
@@ -858,7 +859,7 @@ TEST(GpuLogits, WgmmaDecodeFormsAgree) {
       // enough to split over CTAs; then a column tile past col_offset.
       const std::vector<int32_t> lens = {4097, static_cast<int32_t>(nn), 65, 64, 9000, 130};
       std::vector<float> first;
-      for (const char* form : {"wgmma_decode_serial", "wgmma_decode_2cta", "wgmma_decode_4wg"}) {
+      for (const char* form : {"wgmma_decode_serial", "wgmma_decode_2cta", "wgmma_decode_4wg", "wgmma_decode_4wg_split"}) {
         ScopedLogitsKernel force(form);
         std::vector<float> got;
         run_decode(H, lens, nn, 64, 9000, 0, seed, &got);
