@@ -533,11 +533,11 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
     // of them, and the four-consumer form then spills 168 bytes a thread at 112 registers (44
     // with these 8-byte loads; 16-byte loads of two groups spilled 100).
     auto gate = [&](int gi) -> float2 { return *reinterpret_cast<const float2*>(&ws[8 * gi + 2 * quad]); };
-    // kGateGroups > 0 (four consumers; an opt-in variant of round 6): the first kGateGroups
-    // 8-column groups of this thread's gates of its column half in registers for the whole item
-    // (2 a group; kNW / 8 groups in all), the rest read per tile from shared memory. Each
-    // group read per tile is one shared-memory wavefront a warp beside the wgmma operand reads;
-    // the registers are what the 112-register consumers spill (ptxas: 8 bytes a group).
+    // kGateGroups > 0 (an opt-in variant of round 6): the first kGateGroups 8-column groups of
+    // this thread's gates of its column half in registers for the whole item (2 a group; kNW / 8
+    // groups in all), the rest read per tile from shared memory. Each group read per tile is one
+    // shared-memory wavefront a warp beside the wgmma operand reads; the registers are what the
+    // 112-register consumers spill (ptxas: 8 bytes a group; the 224-register ones hold 16).
     constexpr bool kGateRegs = kEpilogue && kGateGroups > 0;
     constexpr int kRegGroups = kGateRegs ? (kGateGroups < kNW / 8 ? kGateGroups : kNW / 8) : 1;
     float gr[2 * kRegGroups];

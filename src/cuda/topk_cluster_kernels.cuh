@@ -136,7 +136,7 @@ __device__ __forceinline__ int quad_slot(int Q, int lt) {
 // kBins / kThr (8 or 4) consecutive bins from the top down: it sums them over the C copies
 // (16-byte remote reads) into registers, the block scan of the owners' sums finds the owner of
 // the bin where the running count from the top first reaches `rank`, and the owner walks its
-// own 8 bins (one round of remote reads in all). Every thread gets the bin (if 1 <= rank <=
+// own bins (one round of remote reads in all). Every thread gets the bin (if 1 <= rank <=
 // total; else the answer is unspecified), the count above it, its own count, and the total.
 // Reads remote shared memory: the caller's cluster barrier comes first.
 template <int kThr>
