@@ -138,7 +138,7 @@ int64_t clusters_at_once(int64_t C, int64_t m) {
   static std::map<std::tuple<int, int64_t, int64_t, bool>, int64_t> cache;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  const bool wide1024 = wide1024_forced();
+  const bool wide1024 = m == topk_cluster::kMaxKeys && wide1024_forced();  // one getenv, m = 64 only
   const auto key = std::make_tuple(device, C, m, wide1024);
   {
     std::lock_guard<std::mutex> lock(mu);
