@@ -1,5 +1,6 @@
 // Instantiations of the Hopper logits kernel for the flat key buffer (indexer_logits).
 #include <cstdlib>
+#include <cstring>
 
 #include "cuda/hopper/hopper.cuh"
 #include "cuda/indexer_logits_wgmma.h"
@@ -12,8 +13,8 @@ namespace logits_wg {
 
 int flat_gate_groups() {
   const char* v = std::getenv("DSA_CUDA_LOGITS_GATES");
-  const int g = v ? std::atoi(v) : 0;
-  return g >= 16 ? 16 : g >= 8 ? 8 : 0;
+  if (v == nullptr) return 0;
+  return std::strcmp(v, "16") == 0 ? 16 : std::strcmp(v, "8") == 0 ? 8 : 0;
 }
 
 namespace {
@@ -37,8 +38,8 @@ StatusCode launch_flat_heads(Args a, const FlatKeys& keys, const CUtensorMap& ma
   a.rows_per_block = prefill_rows(kHeads);
   if constexpr (kHeads > 16)
     if (mma_only) return launch_kernel<FlatKeys, kHeads, prefill_rows(kHeads), false>(a, keys, map, smap, s);
-  // DSA_CUDA_LOGITS_GATES (any of 8, 16) in the two-consumer forms: 16 of their 32 gate
-  // groups a thread in registers (ptxas: no spills at 224 registers; 20 and more spill).
+  // DSA_CUDA_LOGITS_GATES (8 or 16) in the two-consumer forms: 16 gate groups a thread in
+  // registers (of 32 in a 256-column block; ptxas: no spills at 224 registers, 20 and more spill).
   if (form == RowsForm::kOverlap) {  // the epilogue under the tensor cores (round 3)
     if (flat_gate_groups() > 0)
       return launch_kernel<FlatKeys, kHeads, prefill_rows(kHeads), true, true, 1, 2, 16>(a, keys, map, smap, s);
