@@ -63,43 +63,10 @@ __host__ __device__ constexpr int block_threads(int m, bool wide1024) { return m
 struct Shared {
   uint32_t hist[2][kBins];        // u32 bins: the address is the bin (packed halves cost 7 more instructions a count)
   uint32_t totals[kMaxCtas][2];   // (keys above the range, keys in it) of CTA r's chunk, written by CTA r
-  radix::Shared scan;             // the streaming kernels' block scan (512-thread forms)
-  uint32_t warp_sums[kWideThreads / kWarp];  // block_scan's (the 1024-thread form)
+  radix::Shared scan;             // the streaming kernels' block scan (32 warp sums: either block size)
   uint32_t digit, above, count;   // cluster_choose's answer
   uint32_t cta_max;               // this chunk's largest key
 };
-
-// Exclusive prefix sum over a block of kThr threads (all call); *total gets the sum. 512
-// threads: the streaming kernels' scan (the measured forms); 1024: a two-level warp scan.
-template <int kThr>
-__device__ __forceinline__ uint32_t block_scan(uint32_t v, Shared& sh, uint32_t* total) {
-  if constexpr (kThr == radix::kThreads) return radix::block_exclusive_scan(v, sh.scan, total);
-  constexpr int kWarps = kThr / kWarp;
-  static_assert(kWarps <= kWarp, "one warp scans the warp sums");
-  const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp;
-  uint32_t x = v;
-#pragma unroll
-  for (int o = 1; o < kWarp; o <<= 1) {
-    const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == kWarp - 1) sh.warp_sums[wid] = x;
-  __syncthreads();
-  if (wid == 0) {
-    uint32_t w = lane < kWarps ? sh.warp_sums[lane] : 0u;
-#pragma unroll
-    for (int o = 1; o < kWarps; o <<= 1) {
-      const uint32_t y = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += y;
-    }
-    if (lane < kWarps) sh.warp_sums[lane] = w;
-  }
-  __syncthreads();
-  const uint32_t before = (wid > 0 ? sh.warp_sums[wid - 1] : 0u) + x - v;
-  *total = sh.warp_sums[kWarps - 1];
-  __syncthreads();  // warp_sums is reused by the next scan
-  return before;
-}
 
 // Order-preserving key of f32 bits: 2^31 +- |x| (so -0 == +0), every NaN 0 (below -inf's
 // 2^23). Six integer instructions; the streaming kernels' order_key differs from it for
@@ -164,7 +131,7 @@ __device__ __forceinline__ void cluster_choose(const uint32_t* hist, uint32_t C,
 #pragma unroll
   for (int i = 0; i < kPer; ++i) sum += bin[i];
   uint32_t all;
-  const uint32_t above = block_scan<kThr>(sum, sh, &all);
+  const uint32_t above = radix::block_exclusive_scan<kThr>(sum, sh.scan, &all);
   if (above < rank && above + sum >= rank) {  // one thread: walk its bins from the top
     uint32_t run = above;
 #pragma unroll
@@ -380,7 +347,7 @@ __global__ void __launch_bounds__(kThr, kThr == kThreads && kMaxPer <= 32 ? 2 : 
   }
   const uint32_t n_in = popc(in), n_tie = popc(tie);
   uint32_t cta_total;
-  const uint32_t before = block_scan<kThr>((n_in << 16) | n_tie, sh, &cta_total);
+  const uint32_t before = radix::block_exclusive_scan<kThr>((n_in << 16) | n_tie, sh.scan, &cta_total);
   if (tid < static_cast<int>(C)) {
     uint32_t* slot = hopper::cluster_peer(&sh.totals[c][0], static_cast<uint32_t>(tid));
     slot[0] = cta_total >> 16;

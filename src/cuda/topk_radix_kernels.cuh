@@ -265,8 +265,12 @@ struct Shared {
   int32_t n_sample;
 };
 
-// Exclusive prefix sum over the block (all threads call); *total gets the sum.
+// Exclusive prefix sum over a block of kThr threads (all call; kThr <= 32 warps, one a slot of
+// warp_sums); *total gets the sum.
+template <int kThr = kThreads>
 __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, Shared& sh, uint32_t* total) {
+  constexpr int kScanWarps = kThr / kWarp;
+  static_assert(kScanWarps <= kWarp, "one warp scans the warp sums");
   const int lane = threadIdx.x % kWarp, wid = threadIdx.x / kWarp;
   uint32_t x = v;
 #pragma unroll
@@ -277,17 +281,17 @@ __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, Shared& sh,
   if (lane == kWarp - 1) sh.warp_sums[wid] = x;
   __syncthreads();
   if (wid == 0) {
-    uint32_t s = lane < kWarps ? sh.warp_sums[lane] : 0u;
+    uint32_t s = lane < kScanWarps ? sh.warp_sums[lane] : 0u;
 #pragma unroll
     for (int o = 1; o < kWarp; o <<= 1) {
       const uint32_t y = __shfl_up_sync(0xffffffffu, s, o);
       if (lane >= o) s += y;
     }
-    if (lane < kWarps) sh.warp_sums[lane] = s;
+    if (lane < kScanWarps) sh.warp_sums[lane] = s;
   }
   __syncthreads();
   const uint32_t before = (wid > 0 ? sh.warp_sums[wid - 1] : 0u) + x - v;
-  *total = sh.warp_sums[kWarps - 1];
+  *total = sh.warp_sums[kScanWarps - 1];
   __syncthreads();  // warp_sums is reused by the next scan
   return before;
 }
