@@ -26,10 +26,11 @@ namespace {
 // every row width it serves (<= 262144) whatever the row count, no_cluster never;
 // no_floor runs the cluster kernel without its sample round; no_prefetch streams rows and
 // segments without the bulk L2 prefetch.
-bool topk_env_is(const char* value) {
-  const char* v = std::getenv("DSA_CUDA_TOPK");
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
 }
+bool topk_env_is(const char* value) { return env_is("DSA_CUDA_TOPK", value); }
 bool legacy_forced() { return topk_env_is("legacy"); }
 bool fused_split_forced() { return topk_env_is("fused_split"); }
 
@@ -83,12 +84,10 @@ int64_t cluster_keys(int64_t W, int64_t C) {
   return m;
 }
 
-// DSA_CUDA_TOPK_WIDE=1024: chunks of 64 keys a thread run as 1024 threads of 32 (the
-// cluster kernel's round-6 form, opt-in until it is measured; topk_cluster_kernels.cuh).
-bool wide1024_forced() {
-  const char* v = std::getenv("DSA_CUDA_TOPK_WIDE");
-  return v != nullptr && std::strcmp(v, "1024") == 0;
-}
+// DSA_CUDA_TOPK_WIDE=1024: chunks of m = 64 keys a thread run as 1024 threads of 32 (the
+// cluster kernel's round-6 form, opt-in until it is measured; topk_cluster_kernels.cuh). The
+// variable is read only for those chunks.
+bool wide1024_for(int64_t m) { return m == topk_cluster::kMaxKeys && env_is("DSA_CUDA_TOPK_WIDE", "1024"); }
 
 template <class T>
 const void* cluster_kernel(int64_t m, bool wide1024) {
@@ -138,7 +137,7 @@ int64_t clusters_at_once(int64_t C, int64_t m) {
   static std::map<std::tuple<int, int64_t, int64_t, bool>, int64_t> cache;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  const bool wide1024 = m == topk_cluster::kMaxKeys && wide1024_forced();  // one getenv, m = 64 only
+  const bool wide1024 = wide1024_for(m);
   const auto key = std::make_tuple(device, C, m, wide1024);
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -261,7 +260,7 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   if (sp.path == Path::kCluster) {
     if (M * sp.segs > 0x7fffffffLL) return StatusCode::kUnsupported;
     const int64_t m = sp.seg / topk_cluster::kThreads;
-    const bool wide1024 = m == topk_cluster::kMaxKeys && wide1024_forced();
+    const bool wide1024 = wide1024_for(m);
     const ClusterLaunch launch(M, sp.segs, m, wide1024, s);
     if (!cluster_opt_in<T, kId + 4>()) return StatusCode::kDeviceError;
     note_kernel(wide1024 ? "topk.cluster_1024" : "topk.cluster");
@@ -327,8 +326,7 @@ const char* topk_kernel_name(const TopkParams& p) {
     case Path::kRows: return "topk.stream_rows";
     case Path::kFusedSplit: return "topk.fused_split";
     case Path::kCluster:
-      return sp.seg == topk_cluster::kMaxKeys * topk_cluster::kThreads && wide1024_forced() ? "topk.cluster_1024"
-                                                                                              : "topk.cluster";
+      return wide1024_for(sp.seg / topk_cluster::kThreads) ? "topk.cluster_1024" : "topk.cluster";
     default: return "topk.stream_split";
   }
 }
