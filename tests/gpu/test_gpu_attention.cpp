@@ -28,6 +28,7 @@ using dsa::Status;
 using dsa::TensorDesc;
 using dsa_gpu_test::DeviceBuffer;
 using dsa_gpu_test::device_is_sm90;
+using dsa_gpu_test::ScopedEnv;
 
 constexpr int64_t D = 576, DV = 512;
 constexpr float kScale = 0.13523f;  // DeepSeek-V3.2's sm_scale
@@ -751,17 +752,15 @@ TEST(GpuSparseMla, SplitKWorkspaceAndBitIdenticalRepeats) {
 // ---- the Hopper (wgmma) kernel and the mma.sync one --------------------------------------------
 // On an sm_90a device BF16 caches run the wgmma kernel; DSA_FORCE_KERNEL=mma_sync keeps the
 // mma.sync one, so both run on the same inputs.
-struct ForceMmaSync {
-  ForceMmaSync() { setenv("DSA_FORCE_KERNEL", "mma_sync", 1); }
-  ~ForceMmaSync() { unsetenv("DSA_FORCE_KERNEL"); }
+struct ForceMmaSync : ScopedEnv {
+  ForceMmaSync() : ScopedEnv("DSA_FORCE_KERNEL", "mma_sync") {}
 };
 
 // DSA_SPARSE_KERNEL=async_gather / sync_gather: the Hopper producer that releases tiles with
 // cp.async-tracked mbarrier arrivals, or the one that waits for its copies (same arithmetic).
 // The default is async for H <= 32, sync above.
-struct ScopedSparseKernel {
-  explicit ScopedSparseKernel(const char* v) { setenv("DSA_SPARSE_KERNEL", v, 1); }
-  ~ScopedSparseKernel() { unsetenv("DSA_SPARSE_KERNEL"); }
+struct ScopedSparseKernel : ScopedEnv {
+  explicit ScopedSparseKernel(const char* v) : ScopedEnv("DSA_SPARSE_KERNEL", v) {}
 };
 
 // What the launcher should choose for these keys and heads (16-byte-aligned q).
@@ -1442,9 +1441,8 @@ TEST(GpuDecodeHopper, SparseFp8Batch128AgainstBf16Latents) {
 // ---- DSA_DECODE_KERNEL=split_s: the decode kernel variant in which both consumer warpgroups
 // compute S over half of each key tile (issue 13, round 3). The cases above, run on it: the
 // oracle, bit-identical repeats, and the mma.sync kernel as a second opinion on every row.
-struct ScopedDecodeKernel {
-  explicit ScopedDecodeKernel(const char* v) { setenv("DSA_DECODE_KERNEL", v, 1); }
-  ~ScopedDecodeKernel() { unsetenv("DSA_DECODE_KERNEL"); }
+struct ScopedDecodeKernel : ScopedEnv {
+  explicit ScopedDecodeKernel(const char* v) : ScopedEnv("DSA_DECODE_KERNEL", v) {}
 };
 
 // The launch just made ran the split_s variant (its name says so through note_kernel).

@@ -560,10 +560,7 @@ TEST(GpuLogits, PagedShortDeviceKvLens) {
 // The SIMT reference kernel (DSA_CUDA_LOGITS=simt) on flat and paged cases.
 TEST(GpuLogits, SimtKernelMatchesCpu) {
   DSA_REQUIRE_GPU();
-  struct ScopedSimt {
-    ScopedSimt() { setenv("DSA_CUDA_LOGITS", "simt", 1); }
-    ~ScopedSimt() { unsetenv("DSA_CUDA_LOGITS"); }
-  } simt;
+  ScopedEnv simt("DSA_CUDA_LOGITS", "simt");
   run_flat(FlatCase{64, {300}, {300}, 300, 0}, 310);
   run_flat(FlatCase{32, {500, 129, 77}, {40, 129, 5}, 512, 0}, 311);
   run_flat(FlatCase{3, {260}, {17}, 100, 130}, 312);
@@ -577,10 +574,7 @@ TEST(GpuLogits, SanitizerSmall) {
   run_flat(FlatCase{64, {200}, {3}, 256, 0}, 320);
   run_flat(FlatCase{32, {90, 40}, {2, 40}, 100, 0}, 321);
   run_decode(64, {130, 65}, 2, 64, 192, 0, 322);
-  struct ScopedSimt {
-    ScopedSimt() { setenv("DSA_CUDA_LOGITS", "simt", 1); }
-    ~ScopedSimt() { unsetenv("DSA_CUDA_LOGITS"); }
-  } simt;
+  ScopedEnv simt("DSA_CUDA_LOGITS", "simt");
   run_flat(FlatCase{64, {200}, {3}, 256, 0}, 323);
   run_decode(32, {70}, 1, 64, 128, 0, 324);
 }
@@ -653,9 +647,8 @@ TEST(GpuLogits, PagedSkipsShortRowsUntouched) {
 
 namespace {
 
-struct ScopedLogitsKernel {
-  explicit ScopedLogitsKernel(const char* v) { setenv("DSA_CUDA_LOGITS", v, 1); }
-  ~ScopedLogitsKernel() { unsetenv("DSA_CUDA_LOGITS"); }
+struct ScopedLogitsKernel : ScopedEnv {
+  explicit ScopedLogitsKernel(const char* v) : ScopedEnv("DSA_CUDA_LOGITS", v) {}
 };
 
 // Flat logits with explicit (valid) row ranges against the float64 oracle of the dequantised
@@ -1073,13 +1066,11 @@ TEST(GpuLogits, WgmmaGateRegisterFormsMatchOracle) {
       if (std::string(form) != "wgmma_4wg" && std::string(gates) == "8") continue;  // the same kernel as 16
       SCOPED_TRACE(std::string(form) + " DSA_CUDA_LOGITS_GATES=" + gates);
       ScopedLogitsKernel force(form);
-      setenv("DSA_CUDA_LOGITS_GATES", gates, 1);
+      ScopedEnv held("DSA_CUDA_LOGITS_GATES", gates);
       wgmma_flat_tile_edges();
-      if (!::testing::Test::HasFailure()) {
-        run_flat(FlatCase{64, {131072}, {2}, 131072, 0}, 333);
-        run_flat(FlatCase{32, {500, 129, 77}, {40, 129, 5}, 512, 0}, 302);
-      }
-      unsetenv("DSA_CUDA_LOGITS_GATES");
+      if (::testing::Test::HasFailure()) return;
+      run_flat(FlatCase{64, {131072}, {2}, 131072, 0}, 333);
+      run_flat(FlatCase{32, {500, 129, 77}, {40, 129, 5}, 512, 0}, 302);
       if (::testing::Test::HasFailure()) return;
     }
   }

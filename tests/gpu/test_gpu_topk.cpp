@@ -123,9 +123,8 @@ std::vector<float> adversarial_rows(Rng& rng, int64_t W) {
 }
 
 // Forces a top-k kernel choice (DSA_CUDA_TOPK) for the scope.
-struct ScopedTopkKernel {
-  explicit ScopedTopkKernel(const char* v) { setenv("DSA_CUDA_TOPK", v, 1); }
-  ~ScopedTopkKernel() { unsetenv("DSA_CUDA_TOPK"); }
+struct ScopedTopkKernel : ScopedEnv {
+  explicit ScopedTopkKernel(const char* v) : ScopedEnv("DSA_CUDA_TOPK", v) {}
 };
 
 // Few rows of at most 262144 keys take the cluster kernel on sm_90, the split elsewhere.
@@ -530,11 +529,7 @@ TEST(GpuTopk, ClusterAt1024ThreadsMatches) {
   DSA_REQUIRE_GPU();
   if (!device_is_sm90()) GTEST_SKIP() << "the cluster kernel runs on sm_90 only";
   ScopedTopkKernel force("cluster");
-  struct ScopedEnv {
-    const char* name;
-    ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-    ~ScopedEnv() { unsetenv(name); }
-  } wide("DSA_CUDA_TOPK_WIDE", "1024");
+  ScopedEnv wide("DSA_CUDA_TOPK_WIDE", "1024");
   const std::string name = "topk.cluster_1024";
   Rng rng(45);
   {
