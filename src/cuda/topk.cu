@@ -84,10 +84,10 @@ int64_t cluster_keys(int64_t W, int64_t C) {
   return m;
 }
 
-// DSA_CUDA_TOPK_WIDE=1024: chunks of m = 64 keys a thread run as 1024 threads of 32 (the
-// cluster kernel's round-6 form, opt-in until it is measured; topk_cluster_kernels.cuh). The
-// variable is read only for those chunks.
-bool wide1024_for(int64_t m) { return m == topk_cluster::kMaxKeys && env_is("DSA_CUDA_TOPK_WIDE", "1024"); }
+// Chunks of m = 64 keys a thread run as 1024 threads of 32 (measured faster than 512 threads
+// of 64 on the H200, docs/perf.md round 6); DSA_CUDA_TOPK_WIDE=512 forces the 512-thread form
+// for A/B runs. The variable is read only for those chunks.
+bool wide1024_for(int64_t m) { return m == topk_cluster::kMaxKeys && !env_is("DSA_CUDA_TOPK_WIDE", "512"); }
 
 template <class T>
 const void* cluster_kernel(int64_t m, bool wide1024) {

@@ -42,10 +42,10 @@ namespace radix = topk_radix;
 // 512 m). Three forms (kernel template <T, kThr, kMaxPer>: block size, keys a thread at most):
 //  <512, 32>: m <= 32, two CTAs an SM, 64 registers;
 //  <512, 64>: m = 64 (one CTA an SM: its keys take 128 KiB), up to 128 registers, every 16-byte
-//             load of the chunk in flight at once (the default: measured in docs/perf.md round 5);
+//             load of the chunk in flight at once (round 5's default; DSA_CUDA_TOPK_WIDE=512);
 //  <1024, 32>: the same chunk as 1024 threads of 32 keys, twice the warps to hide each phase's
-//             latencies at 64 registers a thread (DSA_CUDA_TOPK_WIDE=1024; round 6, opt-in
-//             until it is measured on the H200).
+//             latencies at 64 registers a thread (the default for m = 64 since round 6:
+//             21.2 us against 24.7 us at 64 rows of 65536 on the H200, docs/perf.md).
 constexpr int kThreads = 512;
 constexpr int kMaxKeys = 64;  // m: shared memory holds 4 bytes a key
 constexpr int kWideThreads = 1024;

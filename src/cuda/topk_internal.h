@@ -8,8 +8,9 @@ namespace gpu {
 
 // Which kernel topk(p) runs for these params, the name dsa::last_kernel_name reports after it:
 // "topk.stream_rows" (one block per row), "topk.stream_split" (rows split over several blocks,
-// then a per-row merge), "topk.cluster" (sm_90: a thread-block cluster per row, few rows of at
-// most 262144 keys), "topk.fused_split" (the same split in one launch, the row's last block
+// then a per-row merge), "topk.cluster" / "topk.cluster_1024" (sm_90: a thread-block cluster
+// per row, few rows of at most 262144 keys; _1024 where its CTAs hold 64 keys a thread, as
+// 1024 threads of 32), "topk.fused_split" (the same split in one launch, the row's last block
 // merging; chosen by DSA_CUDA_TOPK=fused_split) or "topk.radix12" (the previous three-pass
 // kernel, f32 only, chosen by DSA_CUDA_TOPK=legacy).
 const char* topk_kernel_name(const TopkParams& p);

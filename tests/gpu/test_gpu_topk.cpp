@@ -130,6 +130,10 @@ struct ScopedTopkKernel : ScopedEnv {
 // Few rows of at most 262144 keys take the cluster kernel on sm_90, the split elsewhere.
 std::string few_rows_kernel() { return device_is_sm90() ? "topk.cluster" : "topk.stream_split"; }
 
+// The cluster kernel under either of its names: CTAs of 64 keys a thread run as 1024 threads
+// ("topk.cluster_1024"), which shape a width gets depends on the occupancy calculator.
+std::string cluster_family(const std::string& name) { return name == "topk.cluster_1024" ? "topk.cluster" : name; }
+
 unsigned long long fallbacks() {
   unsigned long long n = 0;
   EXPECT_EQ(gpu::topk_fallback_count(&n), StatusCode::kOk);
@@ -245,7 +249,7 @@ TEST(GpuTopk, OneBlockAndSplitPathsAtEveryK) {
     const int64_t W = std::max<int64_t>(32768, std::min<int64_t>(16 * k, 131072));  // >= 2 runs of 16384
     const std::vector<int32_t> len = {static_cast<int32_t>(W), 0, 1, static_cast<int32_t>(k - 1), static_cast<int32_t>(k),
                                       static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 1), static_cast<int32_t>(W / 2 + 3)};
-    EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kNormal), few_rows_kernel()) << k;
+    EXPECT_EQ(cluster_family(run_topk_same(rng, 8, W, k, len, Fill::kNormal)), few_rows_kernel()) << k;
     {
       ScopedTopkKernel no_cluster("no_cluster");
       EXPECT_EQ(run_topk_same(rng, 8, W, k, len, Fill::kNormal), "topk.stream_split") << k;
@@ -327,7 +331,7 @@ TEST(GpuTopk, OverflowTakesTheExactFallback) {
     // The cluster kernel has no candidate list: the same rows, exact, and no fallback.
     if (M == 2 && device_is_sm90()) {
       const unsigned long long before = fallbacks();
-      EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true), "topk.cluster");
+      EXPECT_EQ(cluster_family(run_topk(x, M, W, 2048, len, len, true)), "topk.cluster");
       EXPECT_EQ(fallbacks(), before);
     }
   }
@@ -458,9 +462,9 @@ TEST(GpuTopk, ClusterMatchesAtEdgeShapes) {
       const int32_t w = static_cast<int32_t>(W), kk = static_cast<int32_t>(k);
       const std::vector<int32_t> len = {w, 0, 1, kk - 1, kk, kk + 1, w - 1, w / 2 + 3, std::min(w, 16385), std::min(w, 8191)};
       const int64_t M = static_cast<int64_t>(len.size());
-      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kNormal), "topk.cluster") << k << " " << W;
-      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kFewLevels, false), "topk.cluster") << k << " " << W;
-      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kSpecials, true, true), "topk.cluster") << k << " " << W;
+      EXPECT_EQ(cluster_family(run_topk_same(rng, M, W, k, len, Fill::kNormal)), "topk.cluster") << k << " " << W;
+      EXPECT_EQ(cluster_family(run_topk_same(rng, M, W, k, len, Fill::kFewLevels, false)), "topk.cluster") << k << " " << W;
+      EXPECT_EQ(cluster_family(run_topk_same(rng, M, W, k, len, Fill::kSpecials, true, true)), "topk.cluster") << k << " " << W;
     }
   }
   const int64_t W = 100000, M = 7;
@@ -469,13 +473,13 @@ TEST(GpuTopk, ClusterMatchesAtEdgeShapes) {
     const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W), static_cast<int32_t>(W - 1),
                                       static_cast<int32_t>(W), static_cast<int32_t>(k + 1), static_cast<int32_t>(W - 3),
                                       static_cast<int32_t>(W)};
-    EXPECT_EQ(run_topk(x, M, W, k, len, len, true), "topk.cluster") << k;
-    EXPECT_EQ(run_topk(x, M, W, k, len, len, true, true), "topk.cluster") << k;
+    EXPECT_EQ(cluster_family(run_topk(x, M, W, k, len, len, true)), "topk.cluster") << k;
+    EXPECT_EQ(cluster_family(run_topk(x, M, W, k, len, len, true, true)), "topk.cluster") << k;
   }
   // Many rows: far more clusters than fit at once.
   std::vector<int32_t> many(600);
   for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>(i % 7 == 0 ? 2047 : 65536 - (i * 37) % 4000);
-  EXPECT_EQ(run_topk_same(rng, 600, 65536, 2048, many, Fill::kNormal, false), "topk.cluster");
+  EXPECT_EQ(cluster_family(run_topk_same(rng, 600, 65536, 2048, many, Fill::kNormal, false)), "topk.cluster");
   // Wider rows keep the other kernels under the switch.
   EXPECT_EQ(run_topk_same(rng, 2, 262145, 2048, {262145, 262000}, Fill::kNormal), "topk.stream_split");
 }
@@ -496,12 +500,12 @@ TEST(GpuTopk, ClusterSampleMissTakesTheFullHistogram) {
       for (int64_t j = 0; j < W; ++j) x[i * W + j] = j % 16 == 0 ? 1000.f + static_cast<float>(j % 4096) : rng.normal();
     const std::vector<int32_t> len = {static_cast<int32_t>(W), static_cast<int32_t>(W - 5), 40000, 20000};
     const unsigned long long before = fallbacks();
-    EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true, bf16), "topk.cluster") << bf16;
+    EXPECT_EQ(cluster_family(run_topk(x, M, W, 2048, len, len, true, bf16)), "topk.cluster") << bf16;
     EXPECT_GT(fallbacks(), before) << bf16;
   }
   // Ordinary rows never need it.
   const unsigned long long before = fallbacks();
-  EXPECT_EQ(run_topk_same(rng, 64, 65536, 2048, std::vector<int32_t>(64, 65536), Fill::kNormal), "topk.cluster");
+  EXPECT_EQ(cluster_family(run_topk_same(rng, 64, 65536, 2048, std::vector<int32_t>(64, 65536), Fill::kNormal)), "topk.cluster");
   EXPECT_EQ(fallbacks(), before);
 }
 
@@ -513,54 +517,70 @@ TEST(GpuTopk, ClusterWithoutTheFloorMatches) {
   ScopedTopkKernel force("no_floor");
   Rng rng(44);
   const std::vector<int32_t> len = {65536, 65535, 2049, 2048, 40000, 1, 0, 30001};
-  EXPECT_EQ(run_topk_same(rng, 8, 65536, 2048, len, Fill::kNormal), "topk.cluster");
-  EXPECT_EQ(run_topk_same(rng, 8, 65536, 2048, len, Fill::kFewLevels), "topk.cluster");
-  EXPECT_EQ(run_topk_same(rng, 8, 65536, 64, len, Fill::kSpecials, true, true), "topk.cluster");
+  EXPECT_EQ(cluster_family(run_topk_same(rng, 8, 65536, 2048, len, Fill::kNormal)), "topk.cluster");
+  EXPECT_EQ(cluster_family(run_topk_same(rng, 8, 65536, 2048, len, Fill::kFewLevels)), "topk.cluster");
+  EXPECT_EQ(cluster_family(run_topk_same(rng, 8, 65536, 64, len, Fill::kSpecials, true, true)), "topk.cluster");
   std::vector<float> x = adversarial_rows(rng, 100000);
   x.resize(2 * 100000);  // all equal; a flood of one 12-bit bucket
-  EXPECT_EQ(run_topk(x, 2, 100000, 16384, {100000, 99999}, {100000, 99999}, true), "topk.cluster");
+  EXPECT_EQ(cluster_family(run_topk(x, 2, 100000, 16384, {100000, 99999}, {100000, 99999}, true)), "topk.cluster");
 }
 
-// DSA_CUDA_TOPK_WIDE=1024 (opt-in until measured): the cluster kernel's 64-key chunks as 1024
-// threads of 32 keys. Forced to chunks of 64 keys a thread (2 CTAs a row at 65536 keys, 8 at
-// 262144): lengths around k at k 64 / 2048 / 16384, ties, specials, bf16, one-bucket floods, a
-// sample miss (the fallback counter moves), many rows; reruns bit-identical (run_topk).
-TEST(GpuTopk, ClusterAt1024ThreadsMatches) {
+// The cluster kernel's chunks of 64 keys a thread in both forms: 1024 threads of 32 keys (the
+// default; DSA_CUDA_TOPK_WIDE empty acts as unset) and 512 threads of 64 (DSA_CUDA_TOPK_WIDE=512).
+// Forced to chunks of 64 keys a thread (2 CTAs a row at 65536 keys, 8 at 262144): lengths
+// around k at k 64 / 2048 / 16384, ties, specials, bf16, one-bucket floods, a sample miss (the
+// fallback counter moves), many rows; reruns bit-identical (run_topk).
+TEST(GpuTopk, ClusterAt64KeysAThreadMatchesInBothForms) {
   DSA_REQUIRE_GPU();
   if (!device_is_sm90()) GTEST_SKIP() << "the cluster kernel runs on sm_90 only";
   ScopedTopkKernel force("cluster");
-  ScopedEnv wide("DSA_CUDA_TOPK_WIDE", "1024");
-  const std::string name = "topk.cluster_1024";
   Rng rng(45);
-  {
-    ScopedEnv ctas("DSA_CUDA_TOPK_CTAS", "2");
-    const int64_t W = 65536;
-    for (int64_t k : {64, 2048, 16384}) {
-      const int32_t kk = static_cast<int32_t>(k);
-      const std::vector<int32_t> len = {65536, 0, 1, kk - 1, kk, kk + 1, 65535, 32771, 16385, 40000};
-      const int64_t M = static_cast<int64_t>(len.size());
-      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kNormal), name) << k;
-      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kFewLevels, false), name) << k;
-      EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kSpecials, true, true), name) << k;
+  for (const auto& form : {std::pair<const char*, std::string>{"", "topk.cluster_1024"}, {"512", "topk.cluster"}}) {
+    SCOPED_TRACE(form.second);
+    ScopedEnv wide("DSA_CUDA_TOPK_WIDE", form.first);
+    const std::string& name = form.second;
+    {
+      ScopedEnv ctas("DSA_CUDA_TOPK_CTAS", "2");
+      const int64_t W = 65536;
+      for (int64_t k : {64, 2048, 16384}) {
+        const int32_t kk = static_cast<int32_t>(k);
+        const std::vector<int32_t> len = {65536, 0, 1, kk - 1, kk, kk + 1, 65535, 32771, 16385, 40000};
+        const int64_t M = static_cast<int64_t>(len.size());
+        EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kNormal), name) << k;
+        EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kFewLevels, false), name) << k;
+        EXPECT_EQ(run_topk_same(rng, M, W, k, len, Fill::kSpecials, true, true), name) << k;
+      }
+      std::vector<float> x = adversarial_rows(rng, W);
+      const int64_t M = static_cast<int64_t>(x.size()) / W;
+      const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(W));
+      EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true), name);
+      EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true, true), name);
+      // Sampled positions hold every row's largest values: the first pass is counted again.
+      std::vector<float> miss(static_cast<size_t>(4 * W));
+      for (int64_t i = 0; i < 4; ++i)
+        for (int64_t j = 0; j < W; ++j) miss[i * W + j] = j % 16 == 0 ? 1000.f + static_cast<float>(j % 4096) : rng.normal();
+      const std::vector<int32_t> mlen = {65536, 65531, 40000, 20000};
+      const unsigned long long before = fallbacks();
+      EXPECT_EQ(run_topk(miss, 4, W, 2048, mlen, mlen, true), name);
+      EXPECT_GT(fallbacks(), before);
+      EXPECT_EQ(run_topk_same(rng, 300, W, 2048, std::vector<int32_t>(300, 65536), Fill::kNormal, false), name);
     }
-    std::vector<float> x = adversarial_rows(rng, W);
-    const int64_t M = static_cast<int64_t>(x.size()) / W;
-    const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(W));
-    EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true), name);
-    EXPECT_EQ(run_topk(x, M, W, 2048, len, len, true, true), name);
-    // Sampled positions hold every row's largest values: the first pass is counted again.
-    std::vector<float> miss(static_cast<size_t>(4 * W));
-    for (int64_t i = 0; i < 4; ++i)
-      for (int64_t j = 0; j < W; ++j) miss[i * W + j] = j % 16 == 0 ? 1000.f + static_cast<float>(j % 4096) : rng.normal();
-    const std::vector<int32_t> mlen = {65536, 65531, 40000, 20000};
-    const unsigned long long before = fallbacks();
-    EXPECT_EQ(run_topk(miss, 4, W, 2048, mlen, mlen, true), name);
-    EXPECT_GT(fallbacks(), before);
-    EXPECT_EQ(run_topk_same(rng, 300, W, 2048, std::vector<int32_t>(300, 65536), Fill::kNormal, false), name);
+    const std::vector<int32_t> wide_len = {262144, 262143, 200000, 131073, 2049};
+    EXPECT_EQ(run_topk_same(rng, 5, 262144, 2048, wide_len, Fill::kNormal), name);
+    EXPECT_EQ(run_topk_same(rng, 5, 262144, 16384, wide_len, Fill::kFewLevels, true, true), name);
   }
-  const std::vector<int32_t> wide_len = {262144, 262143, 200000, 131073, 2049};
-  EXPECT_EQ(run_topk_same(rng, 5, 262144, 2048, wide_len, Fill::kNormal), name);
-  EXPECT_EQ(run_topk_same(rng, 5, 262144, 16384, wide_len, Fill::kFewLevels, true, true), name);
+}
+
+// A small case of the default 64-keys-a-thread form (1024 threads of 32) for the sanitizer
+// subsets (scripts/sanitizer-*.txt): two rows of one cluster of 2 CTAs, normal and special values.
+TEST(GpuTopk, ClusterAt1024ThreadsSanitizerSmall) {
+  DSA_REQUIRE_GPU();
+  if (!device_is_sm90()) GTEST_SKIP() << "the cluster kernel runs on sm_90 only";
+  ScopedTopkKernel force("cluster");
+  ScopedEnv ctas("DSA_CUDA_TOPK_CTAS", "2");
+  Rng rng(46);
+  EXPECT_EQ(run_topk_same(rng, 2, 65536, 2048, {65536, 40001}, Fill::kNormal), "topk.cluster_1024");
+  EXPECT_EQ(run_topk_same(rng, 2, 65536, 64, {65535, 2049}, Fill::kSpecials, true, true), "topk.cluster_1024");
 }
 
 // The default choice: the benchmark's decode-like shape (64 rows of 65536) takes the cluster
@@ -570,8 +590,8 @@ TEST(GpuTopk, FewRowsTakeTheClusterKernel) {
   Rng rng(42);
   std::vector<int32_t> len64(64);
   for (int i = 0; i < 64; ++i) len64[i] = i % 4 == 0 ? 65536 : (i % 4 == 1 ? 65536 - i : (i % 4 == 2 ? 2049 + 997 * i : 2047 + i % 3));
-  EXPECT_EQ(run_topk_same(rng, 64, 65536, 2048, len64, Fill::kNormal, false), few_rows_kernel());
-  EXPECT_EQ(run_topk_same(rng, 64, 65536, 2048, len64, Fill::kNormal, true, true), few_rows_kernel());
+  EXPECT_EQ(cluster_family(run_topk_same(rng, 64, 65536, 2048, len64, Fill::kNormal, false)), few_rows_kernel());
+  EXPECT_EQ(cluster_family(run_topk_same(rng, 64, 65536, 2048, len64, Fill::kNormal, true, true)), few_rows_kernel());
   EXPECT_EQ(run_topk_same(rng, 600, 65536, 2048, std::vector<int32_t>(600, 65536), Fill::kNormal, false),
             "topk.stream_rows");
 }
