@@ -3,7 +3,7 @@
 //  * sm_90a device, H_idx <= 64, 16-byte aligned q and keys (paged: page size 64): the Hopper
 //    FP8 wgmma kernel (indexer_logits_wgmma.cuh); prefill row blocks (flat, and paged rows) run
 //    its four-consumer form (docs/perf.md round 5), decode blocks their
-//    decode form (two CTAs per SM up to 64 columns, four consumers above);
+//    decode form (four consumers, a copy-issuing warp per consumer group: round 6);
 //  * H_idx <= 64: the mma.sync f16 tensor-core kernel (grid: x = row, y = column chunk);
 //  * otherwise: the SIMT kernel.
 // DSA_CUDA_LOGITS forces one: "mma" (mma.sync), "simt"; "wgmma_mma_only" runs the flat wgmma
@@ -12,8 +12,9 @@
 // MMA in halves under the epilogue: the default of rounds 3-4), "wgmma_serial" (two consumers,
 // the epilogue after each tile's MMA). Paged decode blocks: "wgmma_decode_serial" (two
 // consumers, one CTA per SM), "wgmma_decode_2cta" (two CTAs per SM for blocks of next_n x heads
-// <= 64 columns, four consumers above), "wgmma_decode_4wg" (four consumers at every width),
-// "wgmma_decode_4wg_split" (the same with a copy-issuing warp per consumer group); see
+// <= 64 columns, the default above: round 5's default), "wgmma_decode_4wg" (four consumers,
+// one copy warp), "wgmma_decode_4wg_split" (the default: the same with a copy-issuing warp per
+// consumer group); see
 // logits_wg::RowsForm and logits_wg::DecodeForm. A decode value leaves the row blocks at their
 // default and a row value the decode blocks at theirs.
 #include <cstdlib>

@@ -12,10 +12,11 @@ namespace logits_wg {
 
 namespace {
 
-// The form a decode block of n columns runs when `form` is asked. Default: two CTAs up to 64
-// columns, four consumers above (docs/perf.md round 5).
+// The form a decode block of n columns runs when `form` is asked. Default: four consumers with
+// a copy warp per consumer group at every width (measured faster than two CTAs per SM and
+// than one copy warp at every paged decode shape on the H200, docs/perf.md round 6).
 DecodeForm resolve(DecodeForm form, int n) {
-  if (form == DecodeForm::kDefault) form = n <= kDecodeMaxN2 ? DecodeForm::kTwoCtas : DecodeForm::kFourWg;
+  if (form == DecodeForm::kDefault) form = DecodeForm::kFourWgSplit;
   if (form == DecodeForm::kTwoCtas && n > kDecodeMaxN2) return resolve(DecodeForm::kDefault, n);
   return form;
 }

@@ -59,9 +59,9 @@ std::string expected_rows_kernel(bool paged) {
 }
 
 // The decode-block kernel the launcher should name for H heads and next_n rows (page 64,
-// aligned q, sm_90a; "" where DSA_CUDA_LOGITS forces another kernel): by default two CTAs per
-// SM for blocks of N = next_n x padded heads <= 64 columns, four consumer warpgroups above; a
-// forced decode form where it applies (two CTAs only up to 64 columns, else the default).
+// aligned q, sm_90a; "" where DSA_CUDA_LOGITS forces another kernel): by default four consumer
+// warpgroups with a copy warp each at every width N = next_n x padded heads; a forced decode
+// form where it applies (two CTAs only up to 64 columns, else the default).
 std::string expected_decode_kernel(int64_t H, int64_t next_n) {
   const char* v = std::getenv("DSA_CUDA_LOGITS");
   const std::string form = v == nullptr ? "" : v;
@@ -71,7 +71,8 @@ std::string expected_decode_kernel(int64_t H, int64_t next_n) {
   if (form == "wgmma_decode_serial") return base;
   if (form == "wgmma_decode_4wg") return base + "_4wg";
   if (form == "wgmma_decode_4wg_split") return base + "_4wg_split";
-  return base + (n <= 64 ? "_2cta" : "_4wg");
+  if (form == "wgmma_decode_2cta" && n <= 64) return base + "_2cta";
+  return base + "_4wg_split";
 }
 
 uint8_t random_e4m3(Rng& rng) {
@@ -836,9 +837,9 @@ TEST(GpuLogits, WgmmaPagedDecodeSplitContexts) {
   }
 }
 
-// Every form of the Hopper decode blocks (two consumers at one CTA per SM; two CTAs per SM, the
-// default for N <= 64; four consumers, the default above, 256-column blocks as two column
-// halves; four consumers with a copy warp per consumer group) on the decode tests' inputs: each against the oracle, named as expected, and
+// Every form of the Hopper decode blocks (two consumers at one CTA per SM; two CTAs per SM for
+// N <= 64; four consumers, 256-column blocks as two column halves; four consumers with a copy
+// warp per consumer group, the default) on the decode tests' inputs: each against the oracle, named as expected, and
 // bit-identical to the others (the same per-element MMA and epilogue order; only the consumers
 // per SM and the columns per MMA differ).
 TEST(GpuLogits, WgmmaDecodeFormsAgree) {
