@@ -359,9 +359,9 @@ struct Smem {
 // kCtas: CTAs per SM (2: decode blocks of N <= kDecodeMaxN2, see stages_of).
 // kCons: consumer warpgroups (2, or 4 for blocks of N <= kMaxN4; see threads_of).
 // kGateGroups: gate groups a consumer thread keeps in registers (an A/B hook; see half_gate).
-// kSplitProducer: one issuing producer warp per consumer group instead of one for all (an A/B
-// hook of the decode blocks, docs/perf.md round 6: DeepGEMM's paged kernel gives each math
-// warpgroup its own copy warp; a warp then waits only on its own group's stages).
+// kSplitProducer: one issuing producer warp per consumer group instead of one for all (the
+// decode blocks' default since round 6, docs/perf.md: a warp then waits only on its own
+// group's stages, as each math warpgroup has its own copy warp in DeepGEMM's paged kernel).
 template <class Keys, int kHeads, int kRows, bool kEpilogue, bool kOverlap = false, int kCtas = 1, int kCons = 2,
           int kGateGroups = 0, bool kSplitProducer = false>
 __global__ void __launch_bounds__(threads_of(kCons), kCtas)

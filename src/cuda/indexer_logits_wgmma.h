@@ -20,7 +20,7 @@ enum class RowsForm { kFourWg, kOverlap, kSerial };
 // four-consumer form when form is kFourWg, else of the two-consumer serial form.
 StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, RowsForm form, bool* served);
 const char* rows_kernel_name(bool paged, RowsForm form);
-// DSA_CUDA_LOGITS_GATES=8|16 (an A/B hook, docs/perf.md round 6): the flat four-consumer form
+// DSA_CUDA_LOGITS_GATES=8|16 (an A/B hook; docs/perf.md round 6: +-3%, no shape-wide win): the flat four-consumer form
 // keeps that many 8-column gate groups of each thread in registers instead of reading them per
 // tile from shared memory, the flat two-consumer forms 16 of their 32 (kernel names end
 // "_gates8" / "_gates16"); 0 (unset, other values): none.
@@ -28,11 +28,10 @@ int flat_gate_groups();
 // The form of the paged decode blocks (next_n <= 4, N = next_n x heads columns):
 //  kSerial:  one CTA per SM, two consumer warpgroups, each one tile at a time (the first form);
 //  kTwoCtas: the same body, two CTAs per SM (N <= 64; wider blocks take the default form);
-//  kFourWg:  one CTA per SM, four consumer warpgroups (256 columns as two halves).
-// kDefault: kTwoCtas for N <= 64, kFourWg above (docs/perf.md rounds 4 and 5).
-// decode_kernel_name says which one a call of that shape runs.
-//  kFourWgSplit: kFourWg with one copy-issuing producer warp per consumer group (an A/B
-//            hook of round 6, docs/perf.md; not measured yet).
+//  kFourWg:  one CTA per SM, four consumer warpgroups (256 columns as two halves);
+//  kFourWgSplit: kFourWg with one copy-issuing producer warp per consumer group.
+// kDefault: kFourWgSplit at every width (docs/perf.md round 6; rounds 4-5 ran kTwoCtas for
+// N <= 64, kFourWg above). decode_kernel_name says which one a call of that shape runs.
 enum class DecodeForm { kDefault, kSerial, kTwoCtas, kFourWg, kFourWgSplit };
 StatusCode launch_paged(const IndexerLogitsPagedParams& p, RowsForm rows_form, DecodeForm form, bool* served);
 const char* decode_kernel_name(DecodeForm form, int64_t heads, int64_t next_n);
