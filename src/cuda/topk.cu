@@ -25,7 +25,9 @@ namespace {
 // merges) instead of the segments and merge launches; cluster takes the cluster kernel for
 // every row width it serves (<= 262144) whatever the row count, no_cluster never;
 // no_floor runs the cluster kernel without its sample round; no_prefetch streams rows and
-// segments without the bulk L2 prefetch.
+// segments without the bulk L2 prefetch. DSA_CUDA_TOPK_LIST=off makes the cluster kernel count
+// every bin down to one key value (round 6's form) instead of settling a bin of <= 32 keys from
+// the short list.
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
@@ -255,6 +257,7 @@ StatusCode radix_topk(const TopkParams& p, const Split& sp) {
   a.seg = sp.seg;
   a.prefetch = hopper::current_device_is_sm90a() && !topk_env_is("no_prefetch");
   a.sample_floor = !topk_env_is("no_floor");
+  a.short_list = !env_is("DSA_CUDA_TOPK_LIST", "off");
   const int smem = r::smem_bytes(p.k);
   const cudaStream_t s = as_stream(p.stream);
   if (sp.path == Path::kCluster) {
@@ -335,6 +338,13 @@ StatusCode topk_fallback_count(unsigned long long* out) {
   if (cudaDeviceSynchronize() != cudaSuccess) return StatusCode::kDeviceError;
   return cudaMemcpyFromSymbol(out, topk_radix::g_topk_fallbacks, sizeof(*out)) == cudaSuccess ? StatusCode::kOk
                                                                                                : StatusCode::kDeviceError;
+}
+
+StatusCode topk_short_list_count(unsigned long long* out) {
+  if (cudaDeviceSynchronize() != cudaSuccess) return StatusCode::kDeviceError;
+  return cudaMemcpyFromSymbol(out, topk_radix::g_topk_short_lists, sizeof(*out)) == cudaSuccess
+             ? StatusCode::kOk
+             : StatusCode::kDeviceError;
 }
 
 StatusCode topk(const TopkParams& p) {

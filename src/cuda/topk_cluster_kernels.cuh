@@ -18,14 +18,20 @@
 //      keys reach the floor (a sample unlike its row) the first pass is counted again from key
 //      0 (counted in g_topk_fallbacks). The result is a key range [T_lo, T_hi] holding the
 //      k-th key and the number of its keys to take, the lowest positions first: T_lo == T_hi,
-//      or every key of the range is taken;
+//      or every key of the range is taken, or (the short list, the usual end of a row of
+//      distinct values) the range is a chosen bin of at most kList keys, settled in step 3
+//      instead of by one more pass (DSA_CUDA_TOPK_LIST=off counts it; g_topk_short_lists);
 //   3. every thread ranks the m consecutive positions it owns (bit masks of the keys above
 //      and inside the range), a block scan and the totals of the cluster's lower CTAs
 //      (exchanged in shared memory with a last barrier) give each thread its first output
 //      slot, and it writes its selected positions in order (values re-read from the row: the
-//      order key loses -0 and NaN payloads).
-// No candidate list and no workspace: every input takes an exact path, and the answer is a
-// function of the input only, so reruns are bit-identical.
+//      order key loses -0 and NaN payloads). With a short list, every CTA also writes its
+//      keys of the range into every CTA's list before that barrier; after it one warp ranks
+//      the at most kList entries (larger key first, then lower position) and the first
+//      `need` of that order are taken.
+// No workspace and no candidate buffer that can overflow (the short list is taken only for a
+// bin the histograms show to hold at most kList keys): every input takes an exact path, and the
+// answer is a function of the input only, so reruns are bit-identical.
 #pragma once
 #include <type_traits>
 
@@ -53,6 +59,7 @@ constexpr int kMaxCtas = 8;   // portable cluster size
 constexpr int64_t kMaxWidth = static_cast<int64_t>(kThreads) * kMaxKeys * kMaxCtas;  // 262144
 constexpr int kBits = 12, kBins = 1 << kBits;
 constexpr int kSampleEvery = 16;  // chunk positions p with p % 16 == 0
+constexpr int kList = 32;         // a chosen bin of at most this many keys is settled from a list
 static_assert(kThreads == radix::kThreads, "identity_row strides by the streaming kernels' block size");
 
 // Dynamic shared memory for a chunk of 512 m keys; the block size of that chunk (wide1024:
@@ -66,6 +73,11 @@ struct Shared {
   radix::Shared scan;             // the streaming kernels' block scan (32 warp sums: either block size)
   uint32_t digit, above, count;   // cluster_choose's answer
   uint32_t cta_max;               // this chunk's largest key
+  // The short list: CTA r's keys of the last bin (order key, row position), in position order,
+  // written by CTA r into every CTA's copy; bit e of list_taken: the cluster's e-th entry is taken.
+  uint32_t list_key[kMaxCtas][kList];
+  int32_t list_pos[kMaxCtas][kList];
+  uint32_t list_taken;
 };
 
 // Order-preserving key of f32 bits: 2^31 +- |x| (so -0 == +0), every NaN 0 (below -inf's
@@ -213,14 +225,15 @@ __global__ void __launch_bounds__(kThr, kThr == kThreads && kMaxPer <= 32 ? 2 : 
 
   // 1. Load. Keys at or past L get key 0 (NaN's): with L > k they are never selected (a key 0
   // ranks below every key of the row and past every position of it), so no count needs a
-  // validity test. The histograms are cleared before the first sample is counted.
-  {
+  // validity test. The histograms are cleared before the first sample is counted (after the
+  // first batch of loads is issued, so the clear and its barrier overlap their latency).
+  const auto clear = [&]() {
     uint4* h = reinterpret_cast<uint4*>(&sh.hist[0][0]);  // 2 x 4096 words: 2048 uint4
 #pragma unroll
     for (int i = 0; i < 2048 / kThr; ++i) h[tid + i * kThr] = make_uint4(0u, 0u, 0u, 0u);
-  }
-  if (tid == 0) sh.cta_max = 0u;
-  __syncthreads();
+    if (tid == 0) sh.cta_max = 0u;
+    __syncthreads();
+  };
   const bool aligned = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
   const bool whole = aligned && first + chunk <= L;  // the same for every thread of the CTA
   uint32_t mx = 0;
@@ -249,6 +262,7 @@ __global__ void __launch_bounds__(kThr, kThr == kThreads && kMaxPer <= 32 ? 2 : 
         const int v = v0 + u * kThr + tid;
         if (v < loads) raw[u] = *reinterpret_cast<const uint4*>(x + first + v * kPer);
       }
+      if (v0 == 0) clear();
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int v = v0 + u * kThr + tid;
@@ -261,6 +275,7 @@ __global__ void __launch_bounds__(kThr, kThr == kThreads && kMaxPer <= 32 ? 2 : 
       }
     }
   } else {  // the row's last chunk, chunks past it, unaligned rows: one key at a time
+    clear();
     for (int v = tid; v < loads; v += kThr) {
       const int p = first + v * kPer;
       uint32_t key[kPer];
@@ -296,6 +311,7 @@ __global__ void __launch_bounds__(kThr, kThr == kThreads && kMaxPer <= 32 ? 2 : 
 
   // 3. Passes: count the range, choose a bin, narrow the range to it.
   uint32_t need = k, T_lo = 0, T_hi = 0;
+  bool listed = false;  // the same in every CTA of the cluster (every choice is)
   for (;;) {
     count_range<kThr>(key_quads, quads, lo, span, s, sh.hist[buf]);
     hopper::cluster_sync();
@@ -319,7 +335,10 @@ __global__ void __launch_bounds__(kThr, kThr == kThreads && kMaxPer <= 32 ? 2 : 
     const uint32_t bin_lo = lo + (digit << s);
     const uint32_t rest = lo + span - bin_lo, width = (1u << s) - 1u;  // no u32 overflow
     const uint32_t bin_span = rest < width ? rest : width;
-    if (s == 0 || count == need) {  // one key value, or every key of the bin is taken
+    // One key value, or every key of the bin is taken, or few enough keys for the short list
+    // (count > need >= 1 there).
+    listed = a.short_list && s != 0 && count != need && count <= static_cast<uint32_t>(kList);
+    if (s == 0 || count == need || listed) {
       T_lo = bin_lo;
       T_hi = bin_lo + bin_span;
       break;
@@ -348,27 +367,83 @@ __global__ void __launch_bounds__(kThr, kThr == kThreads && kMaxPer <= 32 ? 2 : 
   const uint32_t n_in = popc(in), n_tie = popc(tie);
   uint32_t cta_total;
   const uint32_t before = radix::block_exclusive_scan<kThr>((n_in << 16) | n_tie, sh.scan, &cta_total);
+  const uint32_t tie_local = before & 0xffffu;  // this thread's first key of the range, within the CTA
+  if (listed && n_tie != 0) {  // the range's keys into every CTA's list, in position order
+    Mask t = tie;
+    for (uint32_t j = tie_local; t != 0 && j < static_cast<uint32_t>(kList); ++j) {
+      const int i = lowest_bit(t);
+      t &= t - 1;
+      const uint4 v = key_quads[tid * tq + ((i / 4 + tid) & (tq - 1))];
+      const uint32_t key = (i & 2) ? ((i & 1) ? v.w : v.z) : ((i & 1) ? v.y : v.x);  // no local array
+      const int32_t p = first + tid * m + i;
+      for (uint32_t r = 0; r < C; ++r) {
+        *hopper::cluster_peer(&sh.list_key[c][j], r) = key;
+        *hopper::cluster_peer(&sh.list_pos[c][j], r) = p;
+      }
+    }
+  }
   if (tid < static_cast<int>(C)) {
     uint32_t* slot = hopper::cluster_peer(&sh.totals[c][0], static_cast<uint32_t>(tid));
     slot[0] = cta_total >> 16;
     slot[1] = cta_total & 0xffffu;
   }
   hopper::cluster_sync();  // the last remote access: after it every CTA may exit
-  uint32_t in_before = before >> 16, tie_before = before & 0xffffu;
+  uint32_t in_before = before >> 16, tie_before = tie_local;
   for (uint32_t r = 0; r < c; ++r) {
     in_before += sh.totals[r][0];
     tie_before += sh.totals[r][1];
   }
-  // Ties past the row's first need_eq are dropped; the rest keep position order.
-  uint32_t slot = in_before + (tie_before < need_eq ? tie_before : need_eq);
-  const uint32_t ties_left = tie_before < need_eq ? need_eq - tie_before : 0u;
-  if (ties_left < n_tie) {  // keep the lowest ties_left tie bits
+  uint32_t slot;
+  if (listed) {
+    // Entry e of the cluster's list (CTA 0's entries first: position order) is taken when
+    // fewer than need_eq entries come before it in (larger key, lower position) order.
+    if (tid < kWarp) {
+      uint32_t key = 0, n = 0;
+      int32_t pos = 0x7fffffff;
+      for (uint32_t r = 0; r < C; ++r) {
+        const uint32_t nr = sh.totals[r][1];
+        if (static_cast<uint32_t>(lane) >= n && static_cast<uint32_t>(lane) < n + nr) {
+          key = sh.list_key[r][lane - n];
+          pos = sh.list_pos[r][lane - n];
+        }
+        n += nr;
+      }
+      uint32_t ahead = 0;
+#pragma unroll
+      for (int f = 0; f < kList; ++f) {
+        const uint32_t kf = __shfl_sync(0xffffffffu, key, f);
+        const int32_t pf = __shfl_sync(0xffffffffu, pos, f);
+        ahead += static_cast<uint32_t>(static_cast<uint32_t>(f) < n && (kf > key || (kf == key && pf < pos)));
+      }
+      const uint32_t taken = __ballot_sync(0xffffffffu, static_cast<uint32_t>(lane) < n && ahead < need_eq);
+      if (lane == 0) {
+        sh.list_taken = taken;
+        if (c == 0) atomicAdd(&radix::g_topk_short_lists, 1ull);
+      }
+    }
+    __syncthreads();
+    // This thread's range keys are entries tie_before, tie_before + 1, ... of the list.
+    const uint64_t taken = sh.list_taken;
+    slot = in_before + popc(taken & ((uint64_t{1} << tie_before) - 1u));
     Mask keep = 0, t = tie;
-    for (uint32_t i = 0; i < ties_left; ++i) {
-      keep |= t & (Mask{0} - t);  // lowest set bit
+    for (uint32_t e = tie_before; t != 0; ++e) {
+      const Mask low = t & (Mask{0} - t);
+      if ((taken >> e) & 1u) keep |= low;
       t &= t - 1;
     }
     tie = keep;
+  } else {
+    // Ties past the row's first need_eq are dropped; the rest keep position order.
+    slot = in_before + (tie_before < need_eq ? tie_before : need_eq);
+    const uint32_t ties_left = tie_before < need_eq ? need_eq - tie_before : 0u;
+    if (ties_left < n_tie) {  // keep the lowest ties_left tie bits
+      Mask keep = 0, t = tie;
+      for (uint32_t i = 0; i < ties_left; ++i) {
+        keep |= t & (Mask{0} - t);  // lowest set bit
+        t &= t - 1;
+      }
+      tie = keep;
+    }
   }
   Mask take = in | tie;
   const int p0 = first + tid * m;

@@ -19,5 +19,9 @@ const char* topk_kernel_name(const TopkParams& p);
 // underfilled) since the process started, summed over launches. Synchronises the device.
 StatusCode topk_fallback_count(unsigned long long* out);
 
+// Rows of the cluster kernel whose last bin (at most 32 keys) was settled from the cluster's
+// short list instead of one more counting pass, since the process started. Synchronises.
+StatusCode topk_short_list_count(unsigned long long* out);
+
 }  // namespace gpu
 }  // namespace dsa

@@ -54,6 +54,7 @@ __host__ __device__ constexpr int cand_cap(int64_t k) {
 __host__ __device__ constexpr int smem_bytes(int64_t k) { return kRegionBytes + cand_cap(k) * 8; }
 
 __device__ unsigned long long g_topk_fallbacks;  // blocks that took the exact fallback
+__device__ unsigned long long g_topk_short_lists;  // cluster kernel: rows settled from the short list
 
 __device__ __forceinline__ uint32_t order_key(uint32_t u) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;  // NaN: lowest
@@ -596,6 +597,7 @@ struct Args {
   int64_t segs, seg;          // split rows: segs blocks of seg keys per row (cluster: CTAs per row)
   bool prefetch;              // stream rows and segments with bulk L2 prefetch (sm_90)
   bool sample_floor;          // cluster kernel: first pass above a sampled floor
+  bool short_list;            // cluster kernel: a bin of <= 32 keys is settled from a list, not another pass
   float* ws_val;              // [M, segs, k] per-segment winners (split rows only)
   int32_t* ws_idx;
 };

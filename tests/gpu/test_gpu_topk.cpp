@@ -140,6 +140,12 @@ unsigned long long fallbacks() {
   return n;
 }
 
+unsigned long long short_lists() {
+  unsigned long long n = 0;
+  EXPECT_EQ(gpu::topk_short_list_count(&n), StatusCode::kOk);
+  return n;
+}
+
 std::string run_topk_same(Rng& rng, int64_t M, int64_t W, int64_t k, std::vector<int32_t> len, Fill fill,
                           bool values = true, bool bf16 = false) {
   return run_topk(make_logits(rng, M, W, fill), M, W, k, len, len, values, bf16);
@@ -581,6 +587,60 @@ TEST(GpuTopk, ClusterAt1024ThreadsSanitizerSmall) {
   Rng rng(46);
   EXPECT_EQ(run_topk_same(rng, 2, 65536, 2048, {65536, 40001}, Fill::kNormal), "topk.cluster_1024");
   EXPECT_EQ(run_topk_same(rng, 2, 65536, 64, {65535, 2049}, Fill::kSpecials, true, true), "topk.cluster_1024");
+}
+
+// The cluster kernel settles a chosen bin of at most 32 keys from its short list (one warp ranks
+// the cluster's entries by key, then position) instead of counting it once more; DSA_CUDA_TOPK_LIST=off
+// always counts. Rows built so that the k-th key falls in a bin of exactly n keys (value 5 and
+// its next floats, at positions spread over both CTAs of the row, none sampled), k - need keys
+// above it and capped normals below: ties inside the list, ties across CTAs, distinct values,
+// n around the list's capacity (33 and 40 take the pass). Both settings give the CPU's answer
+// (run_topk: bits of indices and values, reruns bit-identical); the counter shows which ran.
+// Rows 0-3: n equal keys; two values alternating; n distinct values out of position order; the
+// alternation the other way, with need = n - 1 (rows 2 and 3 too).
+TEST(GpuTopk, ClusterShortListSettlesTheLastBin) {
+  DSA_REQUIRE_GPU();
+  if (!device_is_sm90()) GTEST_SKIP() << "the cluster kernel runs on sm_90 only";
+  ScopedTopkKernel force("cluster");
+  ScopedEnv ctas("DSA_CUDA_TOPK_CTAS", "2");
+  Rng rng(47);
+  const int64_t W = 65536, k = 2048, M = 4;
+  const std::vector<int32_t> len(static_cast<size_t>(M), static_cast<int32_t>(W));
+  const float ulp = std::nextafter(5.f, 6.f) - 5.f;
+  for (const char* setting : {"", "off"}) {
+    SCOPED_TRACE(setting);
+    ScopedEnv list("DSA_CUDA_TOPK_LIST", setting);
+    const bool on = setting[0] == '\0';
+    unsigned long long before = short_lists();
+    EXPECT_EQ(run_topk_same(rng, 8, W, k, {65536, 65535, 40000, 32769, 2049, 65536, 50001, 60000}, Fill::kNormal),
+              "topk.cluster_1024");
+    if (on) {
+      EXPECT_GT(short_lists(), before);
+    } else {
+      EXPECT_EQ(short_lists(), before);
+    }
+    for (const int n : {2, 3, 9, 20, 31, 32, 33, 40}) {
+      SCOPED_TRACE(n);
+      std::vector<float> x(static_cast<size_t>(M * W));
+      for (int64_t i = 0; i < M; ++i) {
+        float* row = x.data() + i * W;
+        for (int64_t j = 0; j < W; ++j) row[j] = std::min(static_cast<float>(rng.normal()), 4.f);
+        const int need = i == 0 ? std::max(1, n / 2) : i == 1 ? std::max(1, n / 3) : n - 1;
+        for (int64_t j = 0; j < k - need; ++j) row[j * 32 + 3] = 100.f + 0.001f * static_cast<float>(j);
+        for (int e = 0; e < n; ++e) {
+          const float step = i == 0 ? 0.f : i == 1 ? static_cast<float>(e % 2) : i == 2 ? static_cast<float>((e * 7) % n)
+                                                                                             : static_cast<float>(1 - e % 2);
+          row[(static_cast<int64_t>(e) * W / n) / 32 * 32 + 17] = 5.f + step * ulp;
+        }
+      }
+      for (const bool bf16 : {false, true}) {
+        before = short_lists();
+        EXPECT_EQ(run_topk(x, M, W, k, len, len, true, bf16), "topk.cluster_1024") << bf16;
+        // run_topk launches twice (the rerun): each row settles from the list both times.
+        EXPECT_EQ(short_lists() - before, on && n <= 32 ? static_cast<unsigned long long>(2 * M) : 0ull) << bf16;
+      }
+    }
+  }
 }
 
 // The default choice: the benchmark's decode-like shape (64 rows of 65536) takes the cluster
