@@ -594,7 +594,7 @@ TEST(GpuTopk, ClusterAt1024ThreadsSanitizerSmall) {
 // always counts. Rows built so that the k-th key falls in a bin of exactly n keys (value 5 and
 // its next floats, at positions spread over both CTAs of the row, none sampled), k - need keys
 // above it and capped normals below: ties inside the list, ties across CTAs, distinct values,
-// n around the list's capacity (33 and 40 take the pass). Both settings give the CPU's answer
+// n around the list's capacity (33 and 40 take another pass first). Both settings give the CPU's answer
 // (run_topk: bits of indices and values, reruns bit-identical); the counter shows which ran.
 // Rows 0-3: n equal keys; two values alternating; n distinct values out of position order; the
 // alternation the other way, with need = n - 1 (rows 2 and 3 too).
@@ -636,8 +636,13 @@ TEST(GpuTopk, ClusterShortListSettlesTheLastBin) {
       for (const bool bf16 : {false, true}) {
         before = short_lists();
         EXPECT_EQ(run_topk(x, M, W, k, len, len, true, bf16), "topk.cluster_1024") << bf16;
-        // run_topk launches twice (the rerun): each row settles from the list both times.
-        EXPECT_EQ(short_lists() - before, on && n <= 32 ? static_cast<unsigned long long>(2 * M) : 0ull) << bf16;
+        // run_topk launches twice (the rerun), so each listed row counts twice. n <= 32: every
+        // row settles from the list after the first pass. n > 32: the second pass counts 4-ulp
+        // bins, where the equal and alternating rows still hold n keys (a third pass, one value),
+        // but row 2's n distinct f32 values leave 4 keys in the k-th key's bin: listed there (the
+        // H100 run of 2026-12-06 counted exactly that row). In bf16 they are one value.
+        const unsigned long long listed = n <= 32 ? static_cast<unsigned long long>(2 * M) : (bf16 ? 0ull : 2ull);
+        EXPECT_EQ(short_lists() - before, on ? listed : 0ull) << bf16;
       }
     }
   }
