@@ -334,18 +334,15 @@ const char* topk_kernel_name(const TopkParams& p) {
   }
 }
 
-StatusCode topk_fallback_count(unsigned long long* out) {
+// One of the kernels' debug counters, after the work in flight.
+static StatusCode read_counter(const unsigned long long& symbol, unsigned long long* out) {
   if (cudaDeviceSynchronize() != cudaSuccess) return StatusCode::kDeviceError;
-  return cudaMemcpyFromSymbol(out, topk_radix::g_topk_fallbacks, sizeof(*out)) == cudaSuccess ? StatusCode::kOk
-                                                                                               : StatusCode::kDeviceError;
+  return cudaMemcpyFromSymbol(out, symbol, sizeof(*out)) == cudaSuccess ? StatusCode::kOk : StatusCode::kDeviceError;
 }
 
-StatusCode topk_short_list_count(unsigned long long* out) {
-  if (cudaDeviceSynchronize() != cudaSuccess) return StatusCode::kDeviceError;
-  return cudaMemcpyFromSymbol(out, topk_radix::g_topk_short_lists, sizeof(*out)) == cudaSuccess
-             ? StatusCode::kOk
-             : StatusCode::kDeviceError;
-}
+StatusCode topk_fallback_count(unsigned long long* out) { return read_counter(topk_radix::g_topk_fallbacks, out); }
+
+StatusCode topk_short_list_count(unsigned long long* out) { return read_counter(topk_radix::g_topk_short_lists, out); }
 
 StatusCode topk(const TopkParams& p) {
   const int64_t M = p.logits.shape[0];

@@ -134,17 +134,14 @@ std::string few_rows_kernel() { return device_is_sm90() ? "topk.cluster" : "topk
 // ("topk.cluster_1024"), which shape a width gets depends on the occupancy calculator.
 std::string cluster_family(const std::string& name) { return name == "topk.cluster_1024" ? "topk.cluster" : name; }
 
-unsigned long long fallbacks() {
+// A debug counter of the CUDA top-k (gpu::topk_*_count).
+unsigned long long counter(StatusCode (*read)(unsigned long long*)) {
   unsigned long long n = 0;
-  EXPECT_EQ(gpu::topk_fallback_count(&n), StatusCode::kOk);
+  EXPECT_EQ(read(&n), StatusCode::kOk);
   return n;
 }
-
-unsigned long long short_lists() {
-  unsigned long long n = 0;
-  EXPECT_EQ(gpu::topk_short_list_count(&n), StatusCode::kOk);
-  return n;
-}
+unsigned long long fallbacks() { return counter(gpu::topk_fallback_count); }
+unsigned long long short_lists() { return counter(gpu::topk_short_list_count); }
 
 std::string run_topk_same(Rng& rng, int64_t M, int64_t W, int64_t k, std::vector<int32_t> len, Fill fill,
                           bool values = true, bool bf16 = false) {
