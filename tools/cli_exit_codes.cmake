@@ -25,3 +25,8 @@ execute_process(COMMAND ${DSA} info OUTPUT_VARIABLE info)
 if(NOT info MATCHES "cuda:")  # no visible CUDA device: --device cuda must refuse
   expect(2 plan --device cuda)
 endif()
+# --help prints usage and exits 0 (returned through main, never exit()).
+foreach(cmd plan run info bench)
+  expect(0 ${cmd} --help)
+endforeach()
+expect(0 --help)

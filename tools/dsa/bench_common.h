@@ -28,6 +28,7 @@ constexpr double kCopyTBs = 4.25;
 
 struct Options {
   bool quick = false;
+  bool help = false;  // --help: usage printed, nothing else to do
   bool json = false;
   std::string json_path;  // empty: stdout
   std::vector<std::string> ops;  // empty: all
