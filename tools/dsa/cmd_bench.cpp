@@ -354,8 +354,9 @@ int run_cpu(const Options& o) {
 
 int cmd_bench(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, &o) || !ops_known(o)) return 2;
+  if (!parse(argc, argv, &o)) return 2;
   if (o.help) return 0;
+  if (!ops_known(o)) return 2;
   if (o.cpu) return run_cpu(o);
   std::fprintf(stderr, "dsa bench: this build has no CUDA backend (configure with -DDSA_CUDA=ON; --backend cpu runs the layer benchmarks)\n");
   return kNoDevice;
@@ -713,8 +714,9 @@ Result bench_mha_prefill(const Options& o, const Pools& pools, int64_t B, int64_
 
 int cmd_bench(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, &o) || !ops_known(o)) return 2;
+  if (!parse(argc, argv, &o)) return 2;
   if (o.help) return 0;
+  if (!ops_known(o)) return 2;
   if (o.cpu) return run_cpu(o);
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
