@@ -400,7 +400,11 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
   uint64_t* empty = full + kStagesN;
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;
+  // Broadcast from lane 0 so that the compiler knows the warpgroup index is warp-uniform: the
+  // consumers' stage indices and wgmma descriptors derived from it then live in uniform
+  // registers (the H100 SASS of round 8 rebuilt them in vector registers and moved them with
+  // 16 R2UR a tile, about a quarter of the tile loop's 271 instructions).
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   if (tid == 0) {
     for (int s = 0; s < kStagesN; ++s) {
       hopper::mbar_init(&full[s], 1);
@@ -558,9 +562,12 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
     (void)gr;
 
     const int key0 = 16 * warp + lane / 4;  // this thread's keys in a tile: key0, key0 + 8
+    // Stage s's key tile is this descriptor moved by s tiles (the ring is 1024-aligned).
+    const uint64_t desc_tiles = hopper::smem_desc(tiles, hopper::Swizzle::k128B, 16, 1024);
     // The valid columns of one tile's rows (store(row, half, sum); -inf on unresolvable pages).
     auto store_tile = [&](const TileState& ts, int rr, int hf, float sum) {
-      if (!((ts.mask >> rr) & 1u)) return;
+      // Flat items are one pass of all their rows (one sequence), so only paged passes filter.
+      if (Keys::kBlockTable && !((ts.mask >> rr) & 1u)) return;
       const RowOut ro = rows_s[rr];
       const int32_t j = ts.t * kTileKeys + key0 + 8 * hf;
       if (j < ro.lo || j >= ro.hi) return;
@@ -570,28 +577,31 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
       __syncwarp();
       if (lane == 0) hopper::mbar_arrive(&empty[s]);  // this warp no longer reads the stage
     };
-    const int np = *npass_s;
+    // The pass list read by lane 0 and broadcast (every lane reads the same words): tile counts
+    // and stage indices stay warp-uniform (see wg).
+    const int np = __shfl_sync(0xffffffffu, *npass_s, 0);
     for (int pi = 0; pi < np; ++pi) {
       const Pass ps = pass_s[pi];
-      const int32_t n = ps.t1 - ps.t0;
-      const uint32_t mask = ps.mask;
+      const int32_t t0 = __shfl_sync(0xffffffffu, ps.t0, 0);
+      const int32_t n = __shfl_sync(0xffffffffu, ps.t1, 0) - t0;
+      const uint32_t mask = __shfl_sync(0xffffffffu, ps.mask, 0);
       // Tile j of the pass is the item's g + j in the shared order: this warpgroup takes those
       // with (g + j) % kGroups == grp.
       for (int32_t j = static_cast<int32_t>((grp + kGroups - g % kGroups) % kGroups); j < n; j += kGroups) {
         const uint32_t gk = g + static_cast<uint32_t>(j);
-        const int32_t t = ps.t0 + j;
+        const int32_t t = t0 + j;
         const uint32_t s = gk % kStagesN, ph = (gk / kStagesN) & 1u;
         // A plain wait here (the bounded one costs the 128-accumulator variants spills): a
         // producer issuing more tiles than the consumers take traps on its empty-ring wait; the
         // reverse would hang, which the shared item_passes order rules out.
         hopper::mbar_wait(&full[s], ph);
-        const bool ok = stage_ok[s] != 0;
+        const bool ok = !Keys::kBlockTable || stage_ok[s] != 0;  // flat tiles always load
         TileState cur{t, mask, ok, 0.f, 0.f};  // scales read before the stage is released
         if (kEpilogue && ok) {
           cur.sc0 = scales[s * kTileKeys + key0];
           cur.sc1 = scales[s * kTileKeys + key0 + 8];
         }
-        const uint64_t desc_a0 = hopper::smem_desc(tiles + s * kTileBytes, hopper::Swizzle::k128B, 16, 1024);
+        const uint64_t desc_a0 = hopper::desc_advance(desc_tiles, s * kTileBytes);
         if constexpr (!kOverlap) {
           {
             hopper::wgmma_fence();

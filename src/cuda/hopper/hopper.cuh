@@ -251,7 +251,12 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, Swizzle sw, uint32_
   return d;
 }
 // The same descriptor moved by `bytes` (a multiple of 16) along its start address.
-__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+// Only the low word changes (the 14-bit address field never carries out of it), so this is one
+// 32-bit add rather than a 64-bit add with carry.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
 
 // Before the first wgmma that reads registers or accumulators written by ordinary code.
 __device__ __forceinline__ void wgmma_fence() {
