@@ -402,8 +402,8 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
   const int tid = threadIdx.x;
   // Broadcast from lane 0 so that the compiler knows the warpgroup index is warp-uniform: the
   // consumers' stage indices and wgmma descriptors derived from it then live in uniform
-  // registers (the H100 SASS of round 8 rebuilt them in vector registers and moved them with
-  // 16 R2UR a tile, about a quarter of the tile loop's 271 instructions).
+  // registers (before round 9 the H100 SASS rebuilt them in vector registers and moved them
+  // with 16 R2UR a tile, about a quarter of the tile loop's 271 instructions; docs/perf.md).
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   if (tid == 0) {
     for (int s = 0; s < kStagesN; ++s) {
