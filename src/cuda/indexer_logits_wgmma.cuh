@@ -493,6 +493,8 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
   // Group grp takes tiles g with g % kGroups == grp; within it, column half `half`.
   const uint32_t grp = cw / kHalves, half = cw % kHalves;
   const int warp = (tid / 32) % 4, lane = tid % 32, quad = lane & 3;
+  // Stage s's key tile is this descriptor moved by s tiles (the ring is 1024-aligned).
+  const uint64_t desc_tiles = hopper::smem_desc(tiles, hopper::Swizzle::k128B, 16, 1024);
   // q's columns of this warpgroup's half (kNW * 128 bytes per half: 1024-aligned).
   const uint64_t desc_b0 = hopper::desc_advance(hopper::smem_desc(qs, hopper::Swizzle::k128B, 16, 1024),
                                                 static_cast<int>(half) * kNW * kD);
@@ -562,8 +564,6 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
     (void)gr;
 
     const int key0 = 16 * warp + lane / 4;  // this thread's keys in a tile: key0, key0 + 8
-    // Stage s's key tile is this descriptor moved by s tiles (the ring is 1024-aligned).
-    const uint64_t desc_tiles = hopper::smem_desc(tiles, hopper::Swizzle::k128B, 16, 1024);
     // The valid columns of one tile's rows (store(row, half, sum); -inf on unresolvable pages).
     auto store_tile = [&](const TileState& ts, int rr, int hf, float sum) {
       // Flat items are one pass of all their rows (one sequence), so only paged passes filter.
