@@ -69,6 +69,12 @@ constexpr int threads_of(int cons) { return 128 * (1 + cons); }
 constexpr int stages_of(int ctas, int cons) { return cons == 4 ? 16 : stages_of(ctas); }
 constexpr int producer_regs(int ctas, int cons) { return cons == 4 ? 32 : producer_regs(ctas); }
 constexpr int consumer_regs(int ctas, int cons) { return cons == 4 ? 112 : consumer_regs(ctas); }
+// The paged four-consumer forms split 64 / 104 instead (128 * 64 + 512 * 104 = 61440): their
+// producer reads the block table 32 pages at a time and its idle warps resolve rows through
+// it, which at 32 registers spilled 124-224 bytes a thread (ptxas; none at 64). Their
+// consumers need no more than 104: no gates in registers, and 32-64 accumulators (round 10).
+constexpr int producer_regs(int ctas, int cons, bool paged) { return cons == 4 && paged ? 64 : producer_regs(ctas, cons); }
+constexpr int consumer_regs(int ctas, int cons, bool paged) { return cons == 4 && paged ? 104 : consumer_regs(ctas, cons); }
 // Rows of a four-consumer block of `heads` heads: N = 256 columns (two halves), 128 at 16 heads
 // (16 rows spill, as in prefill_rows).
 constexpr int rows4_of(int heads) { return heads == 16 ? 8 : 2 * kMaxN4 / heads; }
@@ -275,16 +281,27 @@ struct TileState {
   float sc0, sc1;  // scales of this thread's two keys
 };
 
+// Rows of epilogue_rows are taken in groups of this many (<= 4, to bound the live partial sums).
+constexpr int epilogue_group(int nr) { return nr < 4 ? nr : 4; }
+// The one row of each group (its index in the group) whose sums lane `quad` of a quad stores
+// after the transposing reduction: a thread's rows are fixed for the whole item, so a consumer
+// can hold their output bounds in registers (lanes 2 and 3 store nothing when kGroup is 1).
+template <int kGroup>
+__device__ __forceinline__ int epilogue_lane_row(int quad) {
+  static_assert(kGroup == 1 || kGroup == 2 || kGroup == 4, "row groups of 1, 2 or 4");
+  return kGroup == 1 ? 0 : (quad >> 1) * (kGroup / 2) + (quad & 1) * (kGroup / 4);
+}
+
 // Epilogue of rows [kR0, kR0 + kNR) of a row block: acc holds exactly those rows' columns
 // (fragment column 0 = row kR0, head 0). Per row: Σ_h w_h relu(acc) over this thread's heads,
-// a transposing reduction over the quad, then store(row, half, sum) (half: key0 or key0 + 8).
+// a transposing reduction over the quad, then store(group, row, half, sum) (group: the index of
+// the row's group of epilogue_group(kNR) rows from kR0; half: key0 or key0 + 8).
 // gate(gi) is this thread's two gates of 8-column group gi (columns 8 gi + 2 quad, + 1).
 template <int kHeads, int kR0, int kNR, int R, class Gate, class Store>
 __device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const Gate& gate, const Store& store, int quad) {
   constexpr int kGpr = kHeads / 8;  // 8-column groups per row
   static_assert(R == kNR * kHeads / 2, "accumulator of the row range");
-  // Rows in groups of kGroup (<= 4) to bound the live partial sums.
-  constexpr int kGroup = kNR < 4 ? kNR : 4;
+  constexpr int kGroup = epilogue_group(kNR);
 #pragma unroll
   for (int r0 = kR0; r0 < kR0 + kNR; r0 += kGroup) {
     // part[v], v = (rr - r0) * 2 + half: Σ over this thread's heads of w * relu(dot).
@@ -321,8 +338,8 @@ __device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const Gate&
         const float send = b0 ? q1[k] : q1[k + V / 4];
         const float keep = b0 ? q1[k + V / 4] : q1[k];
         const float sum = keep + __shfl_xor_sync(0xffffffffu, send, 1);
-        const int v = (b1 ? V / 2 : 0) + (b0 ? V / 4 : 0) + k;
-        store(r0 + (v >> 1), v & 1, sum);
+        const int v = (b1 ? V / 2 : 0) + (b0 ? V / 4 : 0) + k;  // v >> 1 is the lane's row of the group
+        store((r0 - kR0) / kGroup, r0 + epilogue_lane_row<kGroup>(quad), v & 1, sum);
       }
     } else {  // one row: two values; lanes 0 and 1 of each quad store
 #pragma unroll
@@ -330,7 +347,7 @@ __device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const Gate&
         part[v] += __shfl_xor_sync(0xffffffffu, part[v], 1);
         part[v] += __shfl_xor_sync(0xffffffffu, part[v], 2);
       }
-      if (quad < 2) store(r0, quad, quad == 0 ? part[0] : part[1]);
+      if (quad < 2) store((r0 - kR0) / kGroup, r0, quad, quad == 0 ? part[0] : part[1]);
     }
   }
 }
@@ -415,7 +432,7 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
   __syncthreads();
 
   if (wg == 0) {  // ---- producer ----
-    hopper::regs_decrease<producer_regs(kCtas, kCons)>();
+    hopper::regs_decrease<producer_regs(kCtas, kCons, Keys::kBlockTable)>();
     // Issuing warps: warp 0 for every tile; kSplitProducer: warp w for the tiles of consumer
     // group w (tile g goes to group g % kGroups, so stage g % kStagesN has one owner).
     constexpr int kIssuers = kSplitProducer ? kGroups : 1;
@@ -487,7 +504,7 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
   }
 
   // ---- consumers ----
-  hopper::regs_increase<consumer_regs(kCtas, kCons)>();
+  hopper::regs_increase<consumer_regs(kCtas, kCons, Keys::kBlockTable)>();
   const int ctid = tid - 128;          // 0..kConsThreads-1 over the consumer warpgroups
   const uint32_t cw = wg - 1;          // consumer warpgroup index
   // Group grp takes tiles g with g % kGroups == grp; within it, column half `half`.
@@ -522,28 +539,34 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
       *npass_s = np;
     }
     // q (kN x 128 e4m3) in the 128-byte-swizzled K-major layout; zero for padded heads/rows.
+    // cp.async, one copy in flight a thread at a time: no loaded value passes through registers.
+    // Staged through registers, the loads in flight cost the gate-register forms 120 bytes of
+    // spills a thread, and the addresses of an unrolled loop 20 more (ptxas, round 10).
+#pragma unroll 1
     for (int e = ctid; e < kN * 8; e += kConsThreads) {
       const int n = e / 8, c = e % 8;
       const int rr = n / kHeads, h = n % kHeads;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (rr < nrows && h < a.heads) v = *reinterpret_cast<const uint4*>(a.q + (row0 + rr) * a.q0 + h * a.q1 + 16 * c);
-      *reinterpret_cast<uint4*>(qs + n * kD + ((c ^ (n % 8)) * 16)) = v;
+      const bool in = rr < nrows && h < a.heads;
+      hopper::cp_async_16(qs + n * kD + ((c ^ (n % 8)) * 16), in ? a.q + (row0 + rr) * a.q0 + h * a.q1 + 16 * c : a.q,
+                          in ? 16 : 0);
     }
+#pragma unroll 1
     for (int n = ctid; n < kN; n += kConsThreads) {
       const int rr = n / kHeads, h = n % kHeads;
       ws[n] = (rr < nrows && h < a.heads) ? a.w[(row0 + rr) * a.w0 + h * a.w1] : 0.f;
     }
-    hopper::fence_async_smem();  // generic writes of q feed wgmma
+    hopper::cp_async_wait_all();
+    hopper::fence_async_smem();  // q's writes (cp.async, generic proxy) feed wgmma
     consumer_sync<kCons>();
-    // Gates from shared memory per tile: in registers for the whole item they would cost kN / 4
-    // of them, and the four-consumer form then spills 168 bytes a thread at 112 registers (44
-    // with these 8-byte loads; 16-byte loads of two groups spilled 100).
+    // A thread's gates: 2 a column of each 8-column group of its column half (kNW / 8 groups).
     auto gate = [&](int gi) -> float2 { return *reinterpret_cast<const float2*>(&ws[8 * gi + 2 * quad]); };
-    // kGateGroups > 0 (an opt-in variant of round 6): the first kGateGroups 8-column groups of
-    // this thread's gates of its column half in registers for the whole item (2 a group; kNW / 8
-    // groups in all), the rest read per tile from shared memory. Each group read per tile is one
-    // shared-memory wavefront a warp beside the wgmma operand reads; the registers are what the
-    // 112-register consumers spill (ptxas: 8 bytes a group; the 224-register ones hold 16).
+    // kGateGroups > 0: the first kGateGroups groups in registers for the whole item, the rest
+    // read per tile from shared memory (kGateGroups = 0: all of them). Each group read per tile
+    // is one shared-memory wavefront a warp beside the wgmma operand reads, a third of them in
+    // the four-consumer form (ncu, round 9: 71% of the L1 pipe at 47.6% of the tensor pipe,
+    // against DeepGEMM's 63% at 60.2%). That form holds all 16 by default since round 10, when
+    // q's staging stopped passing through registers (ptxas: 16 bytes of spills, as with none; 136
+    // before). The 224-register two-consumer forms hold 16 of their 32 when asked (round 6).
     constexpr bool kGateRegs = kEpilogue && kGateGroups > 0;
     constexpr int kRegGroups = kGateRegs ? (kGateGroups < kNW / 8 ? kGateGroups : kNW / 8) : 1;
     float gr[2 * kRegGroups];
@@ -572,6 +595,37 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
       const int32_t j = ts.t * kTileKeys + key0 + 8 * hf;
       if (j < ro.lo || j >= ro.hi) return;
       store_logit_at(a, ro.off + j, ts.ok ? sum * (hf ? ts.sc1 : ts.sc0) : -CUDART_INF_F);
+    };
+    // The one-MMA forms (not kOverlap): a thread stores one row of each row group of its
+    // epilogue (epilogue_lane_row), so that row's output address and valid keys are read from
+    // shared memory once per item; per tile a store is then one multiply-add of the address
+    // and two compares (round 10: the bounds were two shared loads and the 64-bit address four
+    // instructions a tile).
+    constexpr int kEpiRows = kHalves == 1 ? kRows : kRows / 2;  // rows of one epilogue_rows call
+    constexpr int kEpiGroup = epilogue_group(kEpiRows);
+    constexpr int kMine = kOverlap ? 1 : kEpiRows / kEpiGroup;
+    const int r_off = static_cast<int>(half) * (kRows / 2);  // the first row of this column half (0: one half)
+    uint64_t mine_base[kMine];  // output address of key 0 of the row (out + (row * out0 - base) * elt)
+    int32_t mine_lo[kMine], mine_hi[kMine];
+    const uint64_t elt = a.out_bf16 ? 2u : 4u;
+    if constexpr (!kOverlap) {
+#pragma unroll
+      for (int m = 0; m < kMine; ++m) {
+        const RowOut ro = rows_s[(kHalves == 1 ? 0 : r_off) + m * kEpiGroup + epilogue_lane_row<kEpiGroup>(quad)];
+        mine_base[m] = reinterpret_cast<uint64_t>(a.out) + static_cast<uint64_t>(ro.off) * elt;
+        mine_lo[m] = ro.lo;
+        mine_hi[m] = ro.hi;
+      }
+    }
+    (void)mine_base; (void)mine_lo; (void)mine_hi;
+    auto store_mine = [&](const TileState& ts, int m, int rr, int hf, float sum) {
+      if (Keys::kBlockTable && !((ts.mask >> rr) & 1u)) return;
+      const int32_t j = ts.t * kTileKeys + key0 + 8 * hf;
+      if (j < mine_lo[m] || j >= mine_hi[m]) return;
+      const float v = ts.ok ? sum * (hf ? ts.sc1 : ts.sc0) : -CUDART_INF_F;
+      const uint64_t at = mine_base[m] + static_cast<uint64_t>(static_cast<int64_t>(j) * static_cast<int64_t>(elt));
+      if (a.out_bf16) *reinterpret_cast<uint16_t*>(at) = float_to_bf16(v);
+      else *reinterpret_cast<float*>(at) = v;
     };
     auto release = [&](uint32_t s) {
       __syncwarp();
@@ -625,13 +679,11 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
           }
           if constexpr (kEpilogue)
             if constexpr (kHalves == 1) {
-              epilogue_rows<kHeads, 0, kRows>(acc, half_gate, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); },
-                                              quad);
+              epilogue_rows<kHeads, 0, kRows>(
+                  acc, half_gate, [&](int m, int rr, int hf, float sum) { store_mine(cur, m, rr, hf, sum); }, quad);
             } else {  // this half's rows [half * kRows / 2, ...) and gates (groups offset by kNW / 8)
-              const int r_off = static_cast<int>(half) * (kRows / 2);
               epilogue_rows<kHeads, 0, kRows / 2>(
-                  acc, half_gate,
-                  [&](int rr, int hf, float sum) { store_tile(cur, rr + r_off, hf, sum); }, quad);
+                  acc, half_gate, [&](int m, int rr, int hf, float sum) { store_mine(cur, m, rr + r_off, hf, sum); }, quad);
             }
         } else {
           // Two halves (rows [0, kRows / 2) and the rest), committed separately: half A's
@@ -657,12 +709,13 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
           turn_pass(cw);
           hopper::wgmma_wait<1>();  // half A done; half B may still run
           hopper::fence_regs(accA);
-          epilogue_rows<kHeads, 0, kHalfRows>(accA, half_gate, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
+          epilogue_rows<kHeads, 0, kHalfRows>(accA, half_gate, [&](int, int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); },
+                                                quad);
           hopper::wgmma_wait<0>();
           hopper::fence_regs(accB);
           release(s);
           epilogue_rows<kHeads, kHalfRows, kHalfRows>(accB, half_gate,
-                                                      [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
+                                                      [&](int, int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
         }
       }
       g += static_cast<uint32_t>(n);

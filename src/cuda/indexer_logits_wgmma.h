@@ -20,10 +20,12 @@ enum class RowsForm { kFourWg, kOverlap, kSerial };
 // four-consumer form when form is kFourWg, else of the two-consumer serial form.
 StatusCode launch_flat(const IndexerLogitsParams& p, bool mma_only, RowsForm form, bool* served);
 const char* rows_kernel_name(bool paged, RowsForm form);
-// DSA_CUDA_LOGITS_GATES=8|16 (an A/B hook; docs/perf.md round 6: +-3%, no shape-wide win): the flat four-consumer form
-// keeps that many 8-column gate groups of each thread in registers instead of reading them per
-// tile from shared memory, the flat two-consumer forms 16 of their 32 (kernel names end
-// "_gates8" / "_gates16"); 0 (unset, other values): none.
+// Gate registers of the flat forms, DSA_CUDA_LOGITS_GATES: the four-consumer form keeps every
+// 8-column gate group of a thread (16) in registers for the whole item by default (round 10,
+// docs/perf.md), "8" half of them, "smem" none (read per tile from shared memory; kernel names
+// end "_gates8" / "_gates_smem"). The two-consumer forms read theirs from shared memory unless
+// the variable is 8 or 16: then 16 of their 32 groups ("_gates16", an A/B hook of round 6).
+// Returns 16, 8, 0 ("smem") or -1 (unset or other values).
 int flat_gate_groups();
 // The form of the paged decode blocks (next_n <= 4, N = next_n x heads columns):
 //  kSerial:  one CTA per SM, two consumer warpgroups, each one tile at a time (the first form);

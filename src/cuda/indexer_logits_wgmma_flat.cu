@@ -13,8 +13,8 @@ namespace logits_wg {
 
 int flat_gate_groups() {
   const char* v = std::getenv("DSA_CUDA_LOGITS_GATES");
-  if (v == nullptr) return 0;
-  return std::strcmp(v, "16") == 0 ? 16 : std::strcmp(v, "8") == 0 ? 8 : 0;
+  if (v == nullptr) return -1;
+  return std::strcmp(v, "16") == 0 ? 16 : std::strcmp(v, "8") == 0 ? 8 : std::strcmp(v, "smem") == 0 ? 0 : -1;
 }
 
 namespace {
@@ -28,12 +28,13 @@ StatusCode launch_flat_heads(Args a, const FlatKeys& keys, const CUtensorMap& ma
     a.rows_per_block = rows4_of(kHeads);
     if constexpr (kHeads > 16)
       if (mma_only) return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), false, false, 1, 4>(a, keys, map, smap, s);
+    // Default: every gate group of a thread's column half in registers (16; round 10).
     switch (flat_gate_groups()) {
+      case 0: return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), true, false, 1, 4>(a, keys, map, smap, s);
       case 8: return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), true, false, 1, 4, 8>(a, keys, map, smap, s);
-      case 16: return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), true, false, 1, 4, 16>(a, keys, map, smap, s);
       default: break;
     }
-    return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), true, false, 1, 4>(a, keys, map, smap, s);
+    return launch_kernel<FlatKeys, kHeads, rows4_of(kHeads), true, false, 1, 4, 16>(a, keys, map, smap, s);
   }
   a.rows_per_block = prefill_rows(kHeads);
   if constexpr (kHeads > 16)
@@ -97,8 +98,8 @@ const char* rows_kernel_name(bool paged, RowsForm form) {
     case RowsForm::kFourWg:
       if (paged) return "indexer_logits_paged.wgmma_fp8_rows_4wg";
       switch (flat_gate_groups()) {
+        case 0: return "indexer_logits.wgmma_fp8_4wg_gates_smem";
         case 8: return "indexer_logits.wgmma_fp8_4wg_gates8";
-        case 16: return "indexer_logits.wgmma_fp8_4wg_gates16";
         default: return "indexer_logits.wgmma_fp8_4wg";
       }
     case RowsForm::kOverlap:

@@ -51,10 +51,13 @@ std::string expected_rows_kernel(bool paged) {
   const std::string base = paged ? "indexer_logits_paged.wgmma_fp8_rows" : "indexer_logits.wgmma_fp8";
   const char* g = std::getenv("DSA_CUDA_LOGITS_GATES");
   const std::string gates = g == nullptr ? "" : g;
-  const bool held = !paged && (gates == "8" || gates == "16");  // flat forms with gates in registers
-  if (form == "wgmma_overlap") return base + (held ? "_overlap_gates16" : "_overlap");
-  if (form == "wgmma_serial") return base + (held ? "_gates16" : "");
-  if (held) return base + "_4wg_gates" + gates;
+  // Flat forms only: the two-consumer forms hold 16 gate groups in registers at 8 or 16; the
+  // four-consumer form holds all of them by default, 8 at "8", none at "smem".
+  const bool held2 = !paged && (gates == "8" || gates == "16");
+  if (form == "wgmma_overlap") return base + (held2 ? "_overlap_gates16" : "_overlap");
+  if (form == "wgmma_serial") return base + (held2 ? "_gates16" : "");
+  if (!paged && gates == "8") return base + "_4wg_gates8";
+  if (!paged && gates == "smem") return base + "_4wg_gates_smem";
   return base + "_4wg";
 }
 
@@ -1055,16 +1058,19 @@ TEST(GpuLogits, WgmmaTwoConsumerFormsMatchOracle) {
   }
 }
 
-// The flat forms with gates in registers (DSA_CUDA_LOGITS_GATES, an A/B hook of docs/perf.md
-// round 6: 8 or 16 groups a thread in the four-consumer form, 16 in the two-consumer forms) on
+// The flat forms' other gate placements (DSA_CUDA_LOGITS_GATES; the default four-consumer form
+// holds all 16 groups a thread in registers, round 10): in the four-consumer form 8 groups, or
+// none ("smem", per tile from shared memory); in the two-consumer forms 16 of 32 (round 6). On
 // the default form's oracle tests: tile edges, a 128K-key row, prefix-cached ragged rows, each
 // rerun bit-identical; the kernel name says which form ran (the tile-edge cases check it).
 TEST(GpuLogits, WgmmaGateRegisterFormsMatchOracle) {
   DSA_REQUIRE_GPU();
   if (!device_is_sm90()) GTEST_SKIP() << "the wgmma kernel runs on sm_90a only";
   for (const char* form : {"wgmma_4wg", "wgmma_serial", "wgmma_overlap"}) {
-    for (const char* gates : {"8", "16"}) {
-      if (std::string(form) != "wgmma_4wg" && std::string(gates) == "8") continue;  // the same kernel as 16
+    for (const char* gates : {"8", "smem", "16"}) {
+      const bool four = std::string(form) == "wgmma_4wg";
+      // 16 is the 4wg default; in the two-consumer forms 8 is their 16, smem their default.
+      if (four == (std::string(gates) == "16")) continue;
       SCOPED_TRACE(std::string(form) + " DSA_CUDA_LOGITS_GATES=" + gates);
       ScopedLogitsKernel force(form);
       ScopedEnv held("DSA_CUDA_LOGITS_GATES", gates);
