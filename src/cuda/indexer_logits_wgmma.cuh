@@ -281,27 +281,16 @@ struct TileState {
   float sc0, sc1;  // scales of this thread's two keys
 };
 
-// Rows of epilogue_rows are taken in groups of this many (<= 4, to bound the live partial sums).
-constexpr int epilogue_group(int nr) { return nr < 4 ? nr : 4; }
-// The one row of each group (its index in the group) whose sums lane `quad` of a quad stores
-// after the transposing reduction: a thread's rows are fixed for the whole item, so a consumer
-// can hold their output bounds in registers (lanes 2 and 3 store nothing when kGroup is 1).
-template <int kGroup>
-__device__ __forceinline__ int epilogue_lane_row(int quad) {
-  static_assert(kGroup == 1 || kGroup == 2 || kGroup == 4, "row groups of 1, 2 or 4");
-  return kGroup == 1 ? 0 : (quad >> 1) * (kGroup / 2) + (quad & 1) * (kGroup / 4);
-}
-
 // Epilogue of rows [kR0, kR0 + kNR) of a row block: acc holds exactly those rows' columns
 // (fragment column 0 = row kR0, head 0). Per row: Σ_h w_h relu(acc) over this thread's heads,
-// a transposing reduction over the quad, then store(group, row, half, sum) (group: the index of
-// the row's group of epilogue_group(kNR) rows from kR0; half: key0 or key0 + 8).
+// a transposing reduction over the quad, then store(row, half, sum) (half: key0 or key0 + 8).
 // gate(gi) is this thread's two gates of 8-column group gi (columns 8 gi + 2 quad, + 1).
 template <int kHeads, int kR0, int kNR, int R, class Gate, class Store>
 __device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const Gate& gate, const Store& store, int quad) {
   constexpr int kGpr = kHeads / 8;  // 8-column groups per row
   static_assert(R == kNR * kHeads / 2, "accumulator of the row range");
-  constexpr int kGroup = epilogue_group(kNR);
+  // Rows in groups of kGroup (<= 4) to bound the live partial sums.
+  constexpr int kGroup = kNR < 4 ? kNR : 4;
 #pragma unroll
   for (int r0 = kR0; r0 < kR0 + kNR; r0 += kGroup) {
     // part[v], v = (rr - r0) * 2 + half: Σ over this thread's heads of w * relu(dot).
@@ -338,8 +327,8 @@ __device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const Gate&
         const float send = b0 ? q1[k] : q1[k + V / 4];
         const float keep = b0 ? q1[k + V / 4] : q1[k];
         const float sum = keep + __shfl_xor_sync(0xffffffffu, send, 1);
-        const int v = (b1 ? V / 2 : 0) + (b0 ? V / 4 : 0) + k;  // v >> 1 is the lane's row of the group
-        store((r0 - kR0) / kGroup, r0 + epilogue_lane_row<kGroup>(quad), v & 1, sum);
+        const int v = (b1 ? V / 2 : 0) + (b0 ? V / 4 : 0) + k;
+        store(r0 + (v >> 1), v & 1, sum);
       }
     } else {  // one row: two values; lanes 0 and 1 of each quad store
 #pragma unroll
@@ -347,7 +336,7 @@ __device__ __forceinline__ void epilogue_rows(const float (&acc)[R], const Gate&
         part[v] += __shfl_xor_sync(0xffffffffu, part[v], 1);
         part[v] += __shfl_xor_sync(0xffffffffu, part[v], 2);
       }
-      if (quad < 2) store((r0 - kR0) / kGroup, r0, quad, quad == 0 ? part[0] : part[1]);
+      if (quad < 2) store(r0, quad, quad == 0 ? part[0] : part[1]);
     }
   }
 }
@@ -596,37 +585,6 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
       if (j < ro.lo || j >= ro.hi) return;
       store_logit_at(a, ro.off + j, ts.ok ? sum * (hf ? ts.sc1 : ts.sc0) : -CUDART_INF_F);
     };
-    // The one-MMA forms (not kOverlap): a thread stores one row of each row group of its
-    // epilogue (epilogue_lane_row), so that row's output address and valid keys are read from
-    // shared memory once per item; per tile a store is then one multiply-add of the address
-    // and two compares (round 10: the bounds were two shared loads and the 64-bit address four
-    // instructions a tile).
-    constexpr int kEpiRows = kHalves == 1 ? kRows : kRows / 2;  // rows of one epilogue_rows call
-    constexpr int kEpiGroup = epilogue_group(kEpiRows);
-    constexpr int kMine = kOverlap ? 1 : kEpiRows / kEpiGroup;
-    const int r_off = static_cast<int>(half) * (kRows / 2);  // the first row of this column half (0: one half)
-    uint64_t mine_base[kMine];  // output address of key 0 of the row (out + (row * out0 - base) * elt)
-    int32_t mine_lo[kMine], mine_hi[kMine];
-    const uint64_t elt = a.out_bf16 ? 2u : 4u;
-    if constexpr (!kOverlap) {
-#pragma unroll
-      for (int m = 0; m < kMine; ++m) {
-        const RowOut ro = rows_s[(kHalves == 1 ? 0 : r_off) + m * kEpiGroup + epilogue_lane_row<kEpiGroup>(quad)];
-        mine_base[m] = reinterpret_cast<uint64_t>(a.out) + static_cast<uint64_t>(ro.off) * elt;
-        mine_lo[m] = ro.lo;
-        mine_hi[m] = ro.hi;
-      }
-    }
-    (void)mine_base; (void)mine_lo; (void)mine_hi;
-    auto store_mine = [&](const TileState& ts, int m, int rr, int hf, float sum) {
-      if (Keys::kBlockTable && !((ts.mask >> rr) & 1u)) return;
-      const int32_t j = ts.t * kTileKeys + key0 + 8 * hf;
-      if (j < mine_lo[m] || j >= mine_hi[m]) return;
-      const float v = ts.ok ? sum * (hf ? ts.sc1 : ts.sc0) : -CUDART_INF_F;
-      const uint64_t at = mine_base[m] + static_cast<uint64_t>(static_cast<int64_t>(j) * static_cast<int64_t>(elt));
-      if (a.out_bf16) *reinterpret_cast<uint16_t*>(at) = float_to_bf16(v);
-      else *reinterpret_cast<float*>(at) = v;
-    };
     auto release = [&](uint32_t s) {
       __syncwarp();
       if (lane == 0) hopper::mbar_arrive(&empty[s]);  // this warp no longer reads the stage
@@ -679,11 +637,13 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
           }
           if constexpr (kEpilogue)
             if constexpr (kHalves == 1) {
-              epilogue_rows<kHeads, 0, kRows>(
-                  acc, half_gate, [&](int m, int rr, int hf, float sum) { store_mine(cur, m, rr, hf, sum); }, quad);
+              epilogue_rows<kHeads, 0, kRows>(acc, half_gate, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); },
+                                              quad);
             } else {  // this half's rows [half * kRows / 2, ...) and gates (groups offset by kNW / 8)
+              const int r_off = static_cast<int>(half) * (kRows / 2);
               epilogue_rows<kHeads, 0, kRows / 2>(
-                  acc, half_gate, [&](int m, int rr, int hf, float sum) { store_mine(cur, m, rr + r_off, hf, sum); }, quad);
+                  acc, half_gate,
+                  [&](int rr, int hf, float sum) { store_tile(cur, rr + r_off, hf, sum); }, quad);
             }
         } else {
           // Two halves (rows [0, kRows / 2) and the rest), committed separately: half A's
@@ -709,13 +669,12 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
           turn_pass(cw);
           hopper::wgmma_wait<1>();  // half A done; half B may still run
           hopper::fence_regs(accA);
-          epilogue_rows<kHeads, 0, kHalfRows>(accA, half_gate, [&](int, int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); },
-                                                quad);
+          epilogue_rows<kHeads, 0, kHalfRows>(accA, half_gate, [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
           hopper::wgmma_wait<0>();
           hopper::fence_regs(accB);
           release(s);
           epilogue_rows<kHeads, kHalfRows, kHalfRows>(accB, half_gate,
-                                                      [&](int, int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
+                                                      [&](int rr, int hf, float sum) { store_tile(cur, rr, hf, sum); }, quad);
         }
       }
       g += static_cast<uint32_t>(n);
