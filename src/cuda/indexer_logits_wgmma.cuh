@@ -550,12 +550,12 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
     // A thread's gates: 2 a column of each 8-column group of its column half (kNW / 8 groups).
     auto gate = [&](int gi) -> float2 { return *reinterpret_cast<const float2*>(&ws[8 * gi + 2 * quad]); };
     // kGateGroups > 0: the first kGateGroups groups in registers for the whole item, the rest
-    // read per tile from shared memory (kGateGroups = 0: all of them). Each group read per tile
-    // is one shared-memory wavefront a warp beside the wgmma operand reads, a third of them in
-    // the four-consumer form (ncu, round 9: 71% of the L1 pipe at 47.6% of the tensor pipe,
-    // against DeepGEMM's 63% at 60.2%). That form holds all 16 by default since round 10, when
-    // q's staging stopped passing through registers (ptxas: 16 bytes of spills, as with none; 136
-    // before). The 224-register two-consumer forms hold 16 of their 32 when asked (round 6).
+    // read per tile from shared memory (kGateGroups = 0: every group per tile). Each group read
+    // per tile is one shared-memory wavefront a warp: in the four-consumer form 16 a tile beside
+    // the 48 of the wgmma operand reads (ncu, round 9: the L1 pipe 71% busy at 47.6% of the
+    // tensor pipe, DeepGEMM's 63% at 60.2%). That form holds all 16 by default since round 10,
+    // when q's staging stopped passing through registers (ptxas: 16 bytes of spills, as with
+    // none; 136 before). The 224-register two-consumer forms hold 16 of their 32 when asked.
     constexpr bool kGateRegs = kEpilogue && kGateGroups > 0;
     constexpr int kRegGroups = kGateRegs ? (kGateGroups < kNW / 8 ? kGateGroups : kNW / 8) : 1;
     float gr[2 * kRegGroups];
