@@ -536,15 +536,16 @@ __global__ void __launch_bounds__(threads_of(kCons), kCtas)
       const int n = e / 8, c = e % 8;
       const int rr = n / kHeads, h = n % kHeads;
       const bool in = rr < nrows && h < a.heads;
-      hopper::cp_async_16(qs + n * kD + ((c ^ (n % 8)) * 16), in ? a.q + (row0 + rr) * a.q0 + h * a.q1 + 16 * c : a.q,
-                          in ? 16 : 0);
+      const uint8_t* src = in ? a.q + (row0 + rr) * a.q0 + h * a.q1 + 16 * c : a.q;
+      cp_async16(hopper::smem_addr(qs + n * kD + ((c ^ (n % 8)) * 16)), src, in ? 16 : 0);
     }
 #pragma unroll 1
     for (int n = ctid; n < kN; n += kConsThreads) {
       const int rr = n / kHeads, h = n % kHeads;
       ws[n] = (rr < nrows && h < a.heads) ? a.w[(row0 + rr) * a.w0 + h * a.w1] : 0.f;
     }
-    hopper::cp_async_wait_all();
+    cp_async_commit();
+    cp_async_wait<0>();
     hopper::fence_async_smem();  // q's writes (cp.async, generic proxy) feed wgmma
     consumer_sync<kCons>();
     // A thread's gates: 2 a column of each 8-column group of its column half (kNW / 8 groups).

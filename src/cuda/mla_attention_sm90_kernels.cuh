@@ -174,7 +174,7 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
     for (int b = 0; b < kKBlocks; ++b) {
       const int ch = b * 8 + sub;
       const uint32_t off = static_cast<uint32_t>(b * kQBlock + r * 128 + ((sub ^ (r & 7)) << 4));
-      mla::cp_async16(hopper::smem_addr(sQ + off),
+      cp_async16(hopper::smem_addr(sQ + off),
                       ok ? static_cast<const void*>(src + ch * 8) : static_cast<const void*>(p.q), ok ? 16 : 0);
     }
   }

@@ -1,5 +1,6 @@
-// Device-side helpers shared by the non-attention CUDA kernels: plain-old-data views of the
-// params (kernels take these by value), warp reductions, and the guarded token -> slot lookup.
+// Device-side helpers shared by the CUDA kernels: plain-old-data views of the params (kernels
+// take these by value), warp reductions, the guarded token -> slot lookup, and the 16-byte
+// cp.async (sm_80 and up).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -98,6 +99,15 @@ inline SlotMap slot_map(const CacheSlots& w, int64_t page_size, int64_t num_bloc
   m.num_blocks = num_blocks;
   return m;
 }
+
+// 16-byte async copy global -> shared (dst: a shared-space address); src_bytes 0 zero-fills the
+// destination without reading. Complete after cp_async_commit and cp_async_wait<N>.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Grid size for a grid-stride loop over n items with `threads` per block.
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 16) {

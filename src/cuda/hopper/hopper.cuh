@@ -134,16 +134,6 @@ __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
 #endif
 }
 
-// 16 bytes global -> shared through L2, with no register staging (cp.async; sm_80 and up):
-// src_bytes 0 writes 16 zero bytes and reads nothing. Completes at cp_async_wait_all.
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-// Waits for every cp.async this thread issued (their writes are then as a generic store's:
-// fence_async_smem before wgmma reads them).
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 // Generic-proxy writes to shared memory (st.shared, stmatrix) that wgmma or a bulk copy reads
 // next: each writing thread fences, then the threads synchronise.
 __device__ __forceinline__ void fence_async_smem() {
