@@ -67,14 +67,12 @@ constexpr int kMaxN4 = 128;                   // widest MMA of a consumer of the
 constexpr int halves4_of(int n) { return n > kMaxN4 ? 2 : 1; }
 constexpr int threads_of(int cons) { return 128 * (1 + cons); }
 constexpr int stages_of(int ctas, int cons) { return cons == 4 ? 16 : stages_of(ctas); }
-constexpr int producer_regs(int ctas, int cons) { return cons == 4 ? 32 : producer_regs(ctas); }
-constexpr int consumer_regs(int ctas, int cons) { return cons == 4 ? 112 : consumer_regs(ctas); }
 // The paged four-consumer forms split 64 / 104 instead (128 * 64 + 512 * 104 = 61440): their
 // producer reads the block table 32 pages at a time and its idle warps resolve rows through
 // it, which at 32 registers spilled 124-224 bytes a thread (ptxas; none at 64). Their
 // consumers need no more than 104: no gates in registers, and 32-64 accumulators (round 10).
-constexpr int producer_regs(int ctas, int cons, bool paged) { return cons == 4 && paged ? 64 : producer_regs(ctas, cons); }
-constexpr int consumer_regs(int ctas, int cons, bool paged) { return cons == 4 && paged ? 104 : consumer_regs(ctas, cons); }
+constexpr int producer_regs(int ctas, int cons, bool paged) { return cons == 4 ? (paged ? 64 : 32) : producer_regs(ctas); }
+constexpr int consumer_regs(int ctas, int cons, bool paged) { return cons == 4 ? (paged ? 104 : 112) : consumer_regs(ctas); }
 // Rows of a four-consumer block of `heads` heads: N = 256 columns (two halves), 128 at 16 heads
 // (16 rows spill, as in prefill_rows).
 constexpr int rows4_of(int heads) { return heads == 16 ? 8 : 2 * kMaxN4 / heads; }
