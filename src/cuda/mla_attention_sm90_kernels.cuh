@@ -175,7 +175,7 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
       const int ch = b * 8 + sub;
       const uint32_t off = static_cast<uint32_t>(b * kQBlock + r * 128 + ((sub ^ (r & 7)) << 4));
       cp_async16(hopper::smem_addr(sQ + off),
-                      ok ? static_cast<const void*>(src + ch * 8) : static_cast<const void*>(p.q), ok ? 16 : 0);
+                 ok ? static_cast<const void*>(src + ch * 8) : static_cast<const void*>(p.q), ok ? 16 : 0);
     }
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");

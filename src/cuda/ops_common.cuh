@@ -1,6 +1,6 @@
 // Device-side helpers shared by the CUDA kernels: plain-old-data views of the params (kernels
-// take these by value), warp reductions, the guarded token -> slot lookup, and the 16-byte
-// cp.async (sm_80 and up).
+// take these by value), warp reductions, the guarded token -> slot lookup, the shared-space
+// address and the 16-byte cp.async (sm_80 and up).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -98,6 +98,12 @@ inline SlotMap slot_map(const CacheSlots& w, int64_t page_size, int64_t num_bloc
   m.page_size = page_size;
   m.num_blocks = num_blocks;
   return m;
+}
+
+// The shared-space address of a pointer into shared memory (what cp.async, ldmatrix, mbarrier
+// and wgmma descriptors take).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 // 16-byte async copy global -> shared (dst: a shared-space address); src_bytes 0 zero-fills the

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cuda/ptx>
 
+#include "cuda/ops_common.cuh"
 #include "dsa/status.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -58,9 +59,7 @@ StatusCode make_tensor_map_2d(CUtensorMap* map, const void* base, CUtensorMapDat
 
 // ---- device side -------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using gpu::smem_addr;  // ops_common.cuh: one definition for every kernel
 
 // mbarrier. Phases alternate; a waiter passes the parity of the phase it waits to complete.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t arrivals) {
