@@ -288,7 +288,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
   uint64_t* bar_full_b = bar_full + 5;
 
   const int tid = threadIdx.x;
-  const int wg = tid >> 7;
+  // Broadcast from lane 0 so the compiler sees it warp-uniform: the consumers' descriptors then
+  // stay in uniform registers (logits round 9; here 7% at H >= 64, perf.md round 12).
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int tile = blockIdx.x, split = blockIdx.y;
   const int t = tile / p.head_groups;
   const int h0 = (tile % p.head_groups) * kTileHeads;
