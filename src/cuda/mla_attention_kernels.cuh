@@ -162,10 +162,10 @@ struct SparseKeys {
     }
     count = n;
   }
-  __device__ __forceinline__ int64_t slot(int32_t pos) const {
-    const int64_t idx = row[pos * stride];
-    return (idx >= 0 && idx < num_keys) ? idx : -1;
-  }
+  __device__ __forceinline__ int64_t slot(int32_t pos) const { return checked(raw(pos)); }
+  // The two halves of slot(), for callers that load ahead and check at use.
+  __device__ __forceinline__ int32_t raw(int32_t pos) const { return row[pos * stride]; }
+  __device__ __forceinline__ int64_t checked(int32_t idx) const { return (idx >= 0 && idx < num_keys) ? idx : -1; }
 };
 
 // Dense: positions 0 .. L_t-1 of token t's sequence, L_t = kv_len - q_len + i + 1.

@@ -4,14 +4,16 @@
 //
 // Work unit as in the mma.sync kernel: one query token and a group of 64 heads (rows past H
 // are zero queries whose outputs are never stored). 3 warpgroups (384 threads):
-//  * WG0, producer (setmaxnreg down): loads Q [64 x 576] once, then gathers 64 selected keys a
+//  * WG0, producer (setmaxnreg down): loads Q [64 x 576] once (its arrival on `q` tracks the
+//    copies, so the first key tiles are issued meanwhile), then gathers 64 selected keys a
 //    tile into one of two key buffers with 16-byte cp.async (8 threads per 128-byte row
 //    segment, coalesced; L2 evict_last + 256-byte prefetch), zero-filling invalid keys without
 //    reading them; writes the tile's valid flags. A tile arrives in two parts: K blocks 0..4
 //    (arrive on `full`) and 5..8 (arrive on `full_b`), each after the producer's own copies of
 //    that part completed and fence.proxy.async; the consumers start S on the first part. The
-//    indices of tile it + 1 are loaded while tile it is in flight. A dequantising producer (FP8
-//    cache, issue 13) would replace only this part.
+//    token's index row is prefetched into L2 at the start, and the indices of tile it + 2 are
+//    loaded while tile it is issued. A dequantising producer (FP8 cache, issue 13) would
+//    replace only this part.
 //  * WG1, WG2, consumers c = 0, 1 (setmaxnreg up): per key tile
 //      S_c[64 x 32]   = Q · K[keys 32c .. 32c+31]^T      wgmma m64n32k16 SS, 36 k-steps
 //      mask invalid keys to -inf, row max over the tile (exchanged through shared memory),
@@ -55,8 +57,8 @@ namespace mla {
 namespace sm90 {
 
 constexpr int kThreads = 384;
-constexpr int kProducerRegs = 72;
-constexpr int kConsumerRegs = 216;  // 72 + 2 * 216 = 504 <= 512 (65536 / 128)
+constexpr int kProducerRegs = 88;
+constexpr int kConsumerRegs = 208;  // 88 + 2 * 208 = 504 <= 512 (65536 / 128)
 constexpr int kBlockBytes = 64 * 128;  // one K block: 64 rows x 128 B
 constexpr int kKBlocks = kDim / 64;    // 9
 constexpr int kTileBytes = kKBlocks * kBlockBytes;  // 73728: Q, or one key tile
@@ -167,6 +169,28 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
   const int grp = tid >> 3;  // 16 groups of 8 threads; group g owns rows g, g+16, g+32, g+48
   const int sub = tid & 7;   // the 16-byte chunk within each 128-byte row segment
   constexpr int kQBlock = kQRows * 128;  // Q's K blocks: kQRows rows x 128 B
+
+  // The token's index row is read once, in 256-byte pieces, one piece per tile: each of those
+  // loads missed L2 and waited the DRAM latency on the gather's critical path. Now the whole
+  // row is prefetched into L2 first, and each tile's indices are loaded two tiles ahead
+  // (raw_a / raw_b alternate, so no register is moved while its load is in flight).
+  if (keys.stride == 1) {
+    for (int32_t pos = begin + tid * 32; pos < end; pos += 128 * 32) hopper::prefetch_l2(keys.row + pos);
+    if (tid == 0) hopper::prefetch_l2(keys.row + (end - 1));  // the last line, if the row is not line-aligned
+  }
+  auto load_raw = [&](int32_t it, int32_t (&raw)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int32_t pos = begin + it * kTileKeys + grp + 16 * j;
+      raw[j] = pos < end ? keys.raw(pos) : -1;
+    }
+  };
+  int32_t raw_a[4], raw_b[4];
+  load_raw(0, raw_a);
+  load_raw(1, raw_b);
+
+  // Q: tracked by bar_q (the consumers fence the async proxy after waiting on it), so the
+  // first key tiles are issued while Q is still in flight.
   for (int r = grp; r < kQRows; r += 16) {
     const bool ok = r < nh;
     const uint16_t* src = p.q + t * p.q_s0 + static_cast<int64_t>(h0 + (ok ? r : 0)) * p.q_s1;
@@ -178,38 +202,32 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
                  ok ? static_cast<const void*>(src + ch * 8) : static_cast<const void*>(p.q), ok ? 16 : 0);
     }
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-  hopper::fence_async_smem();
-  hopper::mbar_arrive(bar_q);
+  hopper::cp_async_mbar_arrive_noinc(bar_q);
 
-  // The selected slots of tile it + 1 are loaded while tile it's rows are in flight (the index
-  // row is read once per token: those loads miss L2, and were on the gather's critical path).
   const uint64_t pol = l2_evict_last_policy();
-  int64_t slot[4];
-  auto load_slots = [&](int32_t it, int64_t* out) {
+  auto one_tile = [&](int32_t it, int32_t (&raw)[4]) {
+    int64_t slot[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int32_t pos = begin + it * kTileKeys + grp + 16 * j;
-      out[j] = pos < end ? keys.slot(pos) : -1;
-    }
-  };
-  load_slots(0, slot);
-  for (int32_t it = 0; it < n_tiles; ++it) {
+    for (int j = 0; j < 4; ++j) slot[j] = keys.checked(raw[j]);
+    load_raw(it + 2, raw);
     const int buf = it & 1;
     const int use = it >> 1;
     if (use > 0) hopper::mbar_wait(&bar_empty[buf], (use - 1) & 1);
-    uint8_t* dst = sK + buf * kTileBytes;
+    // opaque: with the loop unrolled by two, buf is a constant in each copy, and the 2 x 36
+    // destination addresses would be hoisted out of the loop into registers (spills).
+    uint8_t* dst = sK + opaque(static_cast<uint32_t>(buf * kTileBytes));
     bool any = false;
+    const uint8_t* src[4];  // each row's address, computed once for both parts
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = grp + 16 * j;
       const bool ok = slot[j] >= 0;
       any |= ok;
-      const uint8_t* src = ok ? key_row<kKv>(p, slot[j]) : p.kv.base;
+      src[j] = ok ? key_row<kKv>(p, slot[j]) : p.kv.base;
 #pragma unroll
       for (int b = 0; b < kFirstBlocks; ++b) {
         const int ch = b * 8 + sub;
-        cp_async16_keep(hopper::smem_addr(dst + swz_offset(r, ch)), ok ? src + ch * 16 : p.kv.base, ok ? 16 : 0, pol);
+        cp_async16_keep(hopper::smem_addr(dst + swz_offset(r, ch)), src[j] + (ok ? ch * 16 : 0), ok ? 16 : 0, pol);
       }
       if (sub == 0) sValid[buf * 64 + r] = ok ? 1 : 0;
     }
@@ -225,11 +243,10 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
     for (int j = 0; j < 4; ++j) {
       const int r = grp + 16 * j;
       const bool ok = slot[j] >= 0;
-      const uint8_t* src = ok ? key_row<kKv>(p, slot[j]) : p.kv.base;
 #pragma unroll
       for (int b = kFirstBlocks; b < kKBlocks; ++b) {
         const int ch = b * 8 + sub;
-        cp_async16_keep(hopper::smem_addr(dst + swz_offset(r, ch)), ok ? src + ch * 16 : p.kv.base, ok ? 16 : 0, pol);
+        cp_async16_keep(hopper::smem_addr(dst + swz_offset(r, ch)), src[j] + (ok ? ch * 16 : 0), ok ? 16 : 0, pol);
       }
     }
     if (kAsync) hopper::cp_async_mbar_arrive_noinc(&bar_full_b[buf]);
@@ -238,7 +255,6 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
       const unsigned ballot = __ballot_sync(0xffffffffu, any);
       if ((tid & 31) == 0) sAny[buf * 4 + (tid >> 5)] = ballot != 0u ? 1 : 0;
     }
-    if (it + 1 < n_tiles) load_slots(it + 1, slot);
     if (kAsync) {
       // nothing to wait for: the tracked arrivals release the tile
     } else if (!kDefer) {
@@ -256,6 +272,10 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
       hopper::fence_async_smem();
       hopper::mbar_arrive(&bar_full_b[buf ^ 1]);
     }
+  };
+  for (int32_t it = 0; it < n_tiles; it += 2) {
+    one_tile(it, raw_a);
+    if (it + 1 < n_tiles) one_tile(it + 1, raw_b);
   }
   if (kAsync) {
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives the producer thread
@@ -335,7 +355,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
 
-  if (n_tiles > 0) hopper::mbar_wait(bar_q, 0);
+  if (n_tiles > 0) {
+    hopper::mbar_wait(bar_q, 0);
+    hopper::fence_async_smem();  // Q's cp.async rows (a tracked arrival), before wgmma reads them
+  }
   for (int32_t it = 0; it < n_tiles; ++it) {
     const int buf = it & 1;
     hopper::mbar_wait(&bar_full[buf], (it >> 1) & 1);
@@ -630,7 +653,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
     l_run[j] = 0.f;
   }
 
-  if (n_tiles > c) hopper::mbar_wait(bar_q, 0);
+  if (n_tiles > c) {
+    hopper::mbar_wait(bar_q, 0);
+    hopper::fence_async_smem();  // Q's cp.async rows (a tracked arrival), before wgmma reads them
+  }
   for (int32_t it = c; it < n_tiles; it += 2) {
     hopper::mbar_wait(&bar_full[c], (it >> 1) & 1);
     if (kAsync) hopper::fence_async_smem();  // the gathered rows, before wgmma reads them
