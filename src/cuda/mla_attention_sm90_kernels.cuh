@@ -102,6 +102,15 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
   return x;
 }
+// 2^x flushing subnormal results to zero: exp2f is ex2.approx.f32 plus a fix-up for results
+// below 2^-126 (three more instructions per exponential on the softmax's critical path). A
+// probability below 2^-126 of the row maximum changes no output in any dtype we write; -inf
+// gives +0 and NaN stays NaN, as with exp2f.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 // A 128-byte-swizzle descriptor for the shared address `addr`.
 __device__ __forceinline__ uint64_t desc_at(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   uint64_t d = (addr & 0x3FFFFu) >> 4;
@@ -419,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
       const float other = sMax[(c ^ 1) * 64 + r0 + 8 * h];
       const float m_new = fmaxf(m_run[h], fmaxf(mx[h], other));
       m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // no valid key yet: keep exp2 finite
-      alpha[h] = exp2f(m_run[h] - m_use[h]);         // m_run = -inf: 0
+      alpha[h] = exp2_ftz(m_run[h] - m_use[h]);         // m_run = -inf: 0
       m_run[h] = m_new;
       l_run[h] *= alpha[h];
     }
@@ -427,15 +436,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
 #pragma unroll
     for (int i = 0; i < 16; i += 2) {
       const int h = (i >> 1) & 1;
-      const float p0 = exp2f(s[i] - m_use[h]), p1 = exp2f(s[i + 1] - m_use[h]);
+      const float p0 = exp2_ftz(s[i] - m_use[h]), p1 = exp2_ftz(s[i + 1] - m_use[h]);
       l_run[h] += p0 + p1;
       const int row = r0 + 8 * h;
       const int key = c * 32 + hopper::acc_col(i, lane);
       *reinterpret_cast<uint32_t*>(sP + row * 128 + ((((key >> 3) ^ (row & 7))) << 4) + (key & 7) * 2) =
           pack_bf16(p0, p1);
     }
+    // Once the maxima settle most tiles move none of a warp's 16 rows (alpha exactly 1): the
+    // 128 multiplies are skipped then, warp-uniformly (the result is the same bits).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    }
     hopper::fence_async_smem();
     named_bar(kBarP, 256);
 
@@ -711,7 +724,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
       const float tile_max = fmaxf(fmaxf(red[col], red[kN + col]), fmaxf(red[2 * kN + col], red[3 * kN + col]));
       const float m_new = fmaxf(m_run[j], tile_max);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no valid key yet: keep exp2 finite
-      const float alpha = exp2f(m_run[j] - m_use);           // m_run = -inf: 0
+      const float alpha = exp2_ftz(m_run[j] - m_use);          // m_run = -inf: 0
       m_run[j] = m_new;
       l_run[j] *= alpha;
       const int i0 = 4 * (j >> 1) + (j & 1);
@@ -726,7 +739,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
     for (int i = 0; i < kN / 2; ++i) {
       const int j = 2 * (i >> 2) + (i & 1);
       const float m_use = m_run[j] == -INFINITY ? 0.f : m_run[j];
-      const float pv = exp2f(s[i] - m_use);
+      const float pv = exp2_ftz(s[i] - m_use);
       l_run[j] += pv;
       const int key = 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1);
       const int head = col_of(j);
