@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Pro
       const float other = sMax[(c ^ 1) * 64 + r0 + 8 * h];
       const float m_new = fmaxf(m_run[h], fmaxf(mx[h], other));
       m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // no valid key yet: keep exp2 finite
-      alpha[h] = exp2_ftz(m_run[h] - m_use[h]);         // m_run = -inf: 0
+      alpha[h] = exp2_ftz(m_run[h] - m_use[h]);      // m_run = -inf: 0
       m_run[h] = m_new;
       l_run[h] *= alpha[h];
     }
@@ -724,7 +724,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_few_heads_kernel
       const float tile_max = fmaxf(fmaxf(red[col], red[kN + col]), fmaxf(red[2 * kN + col], red[3 * kN + col]));
       const float m_new = fmaxf(m_run[j], tile_max);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no valid key yet: keep exp2 finite
-      const float alpha = exp2_ftz(m_run[j] - m_use);          // m_run = -inf: 0
+      const float alpha = exp2_ftz(m_run[j] - m_use);        // m_run = -inf: 0
       m_run[j] = m_new;
       l_run[j] *= alpha;
       const int i0 = 4 * (j >> 1) + (j & 1);
