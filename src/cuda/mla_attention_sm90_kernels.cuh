@@ -179,10 +179,11 @@ __device__ __forceinline__ void produce(const Problem& p, const SparseKeys& keys
   const int sub = tid & 7;   // the 16-byte chunk within each 128-byte row segment
   constexpr int kQBlock = kQRows * 128;  // Q's K blocks: kQRows rows x 128 B
 
-  // The token's index row is read once, in 256-byte pieces, one piece per tile: each of those
-  // loads missed L2 and waited the DRAM latency on the gather's critical path. Now the whole
-  // row is prefetched into L2 first, and each tile's indices are loaded two tiles ahead
-  // (raw_a / raw_b alternate, so no register is moved while its load is in flight).
+  // The token's index row is read once, in 256-byte pieces, one piece per tile: loaded one
+  // tile ahead, each piece missed L2 and put the DRAM latency on the gather's critical path
+  // (perf.md round 13). So the whole row is prefetched into L2 first, and each tile's indices
+  // are loaded two tiles ahead (raw_a / raw_b alternate, so no register is moved while its
+  // load is in flight).
   if (keys.stride == 1) {
     for (int32_t pos = begin + tid * 32; pos < end; pos += 128 * 32) hopper::prefetch_l2(keys.row + pos);
     if (tid == 0) hopper::prefetch_l2(keys.row + (end - 1));  // the last line, if the row is not line-aligned
